@@ -1,0 +1,125 @@
+"""ModelConfig: the model's personality, normalized before any model class is chosen.
+
+Mirrors python/sglang/srt/configs/model_config.py (ModelConfig.__init__,
+from_server_args, _derive_context_length, _derive_model_shapes, _get_and_verify_dtype).
+SGLang also handles quantization configs, multimodal processors, MLA/NSA/hybrid
+(SWA, Mamba) shapes and remote model pulls; minisgl serves dense and MoE
+decoder-only text models, so those branches are omitted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from minisgl import tracing
+from minisgl.model_loader.gguf import resolve_model_path
+
+if TYPE_CHECKING:
+    from minisgl.server_args import ServerArgs
+
+_STR_TO_DTYPE = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+class ModelConfig:
+    """Everything the runtime needs to know about a checkpoint, read once from config.json."""
+
+    def __init__(
+        self,
+        model_path: str,
+        revision: Optional[str] = None,
+        context_length: Optional[int] = None,
+        dtype: str = "auto",
+        device: str = "cpu",
+        is_draft_model: bool = False,
+    ) -> None:
+        self.model_path = resolve_model_path(model_path)
+        self.revision = revision
+        self.is_draft_model = is_draft_model
+        self.hf_config: PretrainedConfig = AutoConfig.from_pretrained(self.model_path, revision=revision)
+        self.architectures: list[str] = list(self.hf_config.architectures or [])
+        if not self.architectures:
+            raise ValueError(f"{self.model_path}/config.json names no 'architectures'")
+
+        self.is_generation = any(a.endswith("ForCausalLM") for a in self.architectures)
+        # minisgl has no vision/audio towers; a multimodal config is recognized only to refuse it.
+        self.is_multimodal = hasattr(self.hf_config, "vision_config") or hasattr(self.hf_config, "audio_config")
+        self.dtype = _get_and_verify_dtype(self.hf_config, dtype, device)
+        self._derive_context_length(context_length)
+        self._derive_model_shapes()
+        self.hf_eos_token_id = self._get_hf_eos_token_id()
+
+    @staticmethod
+    def from_server_args(
+        server_args: "ServerArgs", model_path: Optional[str] = None, is_draft_model: bool = False
+    ) -> "ModelConfig":
+        with tracing.span("ModelConfig.from_server_args", is_draft_model=is_draft_model):
+            return ModelConfig(
+                model_path=model_path or server_args.model_path,
+                revision=server_args.revision,
+                context_length=server_args.context_length,
+                dtype=server_args.dtype,
+                device=server_args.device,
+                is_draft_model=is_draft_model,
+            )
+
+    def _derive_context_length(self, context_length: Optional[int]) -> None:
+        derived = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        if context_length is not None and context_length > derived:
+            raise ValueError(
+                f"context_length={context_length} exceeds the model's max_position_embeddings={derived}"
+            )
+        self.context_len: int = context_length or derived
+
+    def _derive_model_shapes(self) -> None:
+        c = self.hf_config
+        self.hidden_size: int = c.hidden_size
+        self.num_hidden_layers: int = c.num_hidden_layers
+        self.vocab_size: int = c.vocab_size
+        self.num_attention_heads: int = c.num_attention_heads
+        self.num_key_value_heads: int = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        # Qwen3 decouples head_dim from hidden_size / num_heads.
+        self.head_dim: int = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        # Qwen3-MoE says num_experts, Mixtral num_local_experts.
+        self.num_experts: int = getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None) or 0
+        self.num_experts_per_tok: int = getattr(c, "num_experts_per_tok", 0) if self.num_experts else 0
+        self.is_moe = self.num_experts > 0
+        # transformers 5 moved rope_theta/rope_scaling into rope_parameters; models read
+        # the two classic attributes, so normalize them here once.
+        rope = dict(getattr(c, "rope_parameters", None) or {})
+        c.rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+        scaling = rope if rope.get("rope_type", "default") != "default" else getattr(c, "rope_scaling", None)
+        c.rope_scaling = scaling or None
+
+    def _get_hf_eos_token_id(self) -> set[int]:
+        eos = self.hf_config.eos_token_id
+        if eos is None:
+            return set()
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def get_num_kv_heads(self, tp_size: int) -> int:
+        # With more ranks than KV heads, heads are replicated (SGLang does the same).
+        return max(1, self.num_key_value_heads // tp_size)
+
+
+def _get_and_verify_dtype(hf_config: PretrainedConfig, dtype: str, device: str) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in _STR_TO_DTYPE:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_STR_TO_DTYPE)} or 'auto'")
+        return _STR_TO_DTYPE[dtype]
+    config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = _STR_TO_DTYPE.get(config_dtype, torch.float32)
+    config_dtype = config_dtype or torch.float32
+    # As SGLang: a float32 checkpoint is served in bfloat16 on a GPU; on a CPU we keep float32.
+    if config_dtype == torch.float32 and device.startswith("cuda"):
+        return torch.bfloat16
+    return config_dtype

@@ -1,0 +1,31 @@
+"""Where each logical expert physically lives.
+
+Mirrors python/sglang/srt/eplb/expert_location.py (ExpertLocationMetadata,
+compute_initial_expert_location_metadata). With expert parallelism and EPLB,
+SGLang replicates hot experts and maps logical ids to physical slots; minisgl
+has no expert parallelism, so the map is the identity. It is still built
+first in ModelRunner.initialize(), because the recorder counts per physical
+expert and must know how many there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class ExpertLocationMetadata:
+    num_layers: int
+    num_logical_experts: int
+    physical_to_logical_map: torch.Tensor  # [num_layers, num_physical_experts]
+
+    @property
+    def num_physical_experts(self) -> int:
+        return self.physical_to_logical_map.shape[1]
+
+    @staticmethod
+    def init_trivial(num_layers: int, num_experts: int) -> "ExpertLocationMetadata":
+        identity = torch.arange(num_experts).repeat(num_layers, 1)
+        return ExpertLocationMetadata(num_layers, num_experts, identity)

@@ -1,0 +1,136 @@
+"""Linear layers that know how to shard and load their own weights.
+
+Mirrors python/sglang/srt/layers/linear.py (ColumnParallelLinear,
+MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear). Each
+parameter carries a ``weight_loader`` so the model loader never needs
+per-model code: it hands a checkpoint tensor (and, for fused layers, which
+shard it is) to the parameter, which slices out this rank's part. SGLang also
+handles quantized weights and many kernels; minisgl keeps dense weights.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        param.data.copy_(loaded_weight)
+
+
+class ReplicatedLinear(LinearBase):
+    """Every rank holds the whole weight (routers, small projections)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Y = X A with A split by columns (output features) across ranks."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        assert output_size % tp_size == 0, f"output_size {output_size} not divisible by tp_size {tp_size}"
+        super().__init__(input_size, output_size // tp_size, bias)
+        self.gather_output = gather_output
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        shard = param.data.size(0)
+        param.data.copy_(loaded_weight.narrow(0, self.tp_rank * shard, shard))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return tensor_model_parallel_all_gather(y) if self.gather_output else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul, e.g. gate_proj and up_proj."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
+        shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
+        shard_offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        local = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
+        param.data.narrow(0, shard_offset, shard_size).copy_(local)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Q, K and V projections fused; heads split across ranks, KV heads replicated if too few."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: Optional[int] = None,
+        bias: bool = False,
+    ) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.num_heads = total_num_heads // tp_size
+        # With more ranks than KV heads each rank keeps one KV head, replicated.
+        self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
+        self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
+        q_size = self.num_heads * self.head_size
+        kv_size = self.num_kv_heads * self.head_size
+        if loaded_shard_id == "q":
+            shard_offset, shard_size, shard_rank = 0, q_size, self.tp_rank
+        else:
+            shard_offset = q_size if loaded_shard_id == "k" else q_size + kv_size
+            shard_size, shard_rank = kv_size, self.tp_rank // self.num_kv_head_replicas
+        local = loaded_weight.narrow(0, shard_rank * shard_size, shard_size)
+        param.data.narrow(0, shard_offset, shard_size).copy_(local)
+
+
+class RowParallelLinear(LinearBase):
+    """Y = X A with A split by rows (input features); partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True) -> None:
+        tp_size = get_tensor_model_parallel_world_size()
+        assert input_size % tp_size == 0, f"input_size {input_size} not divisible by tp_size {tp_size}"
+        super().__init__(input_size // tp_size, output_size, bias)
+        self.reduce_results = reduce_results
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if param.dim() == 1:  # the bias is added once, after the reduction
+            param.data.copy_(loaded_weight)
+            return
+        shard = param.data.size(1)
+        param.data.copy_(loaded_weight.narrow(1, self.tp_rank * shard, shard))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = tensor_model_parallel_all_reduce(y)
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,77 @@
+"""FusedMoE: all experts' weights in two stacked tensors, and the routed compute.
+
+Mirrors python/sglang/srt/layers/moe/fused_moe_triton/layer.py (FusedMoE with
+its per-expert weight_loader). Checkpoints store experts one matrix at a time
+(``experts.{e}.gate_proj``); the loader stacks them as w13 [E, 2I, H] and
+w2 [E, H, I] so a grouped kernel can run them all. Under tensor parallelism
+each rank keeps a slice of every expert's intermediate dimension. SGLang also
+has expert parallelism, quantized experts and many MoE runners; omitted.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minisgl.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
+from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.moe.topk import select_experts
+
+
+class FusedMoE(nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        layer_id: int,
+        renormalize: bool = True,
+    ) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        assert intermediate_size % self.tp_size == 0
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.layer_id = layer_id
+        self.renormalize = renormalize
+        self.intermediate_size_per_partition = intermediate_size // self.tp_size
+        inter = self.intermediate_size_per_partition
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        inter = self.intermediate_size_per_partition
+        if shard_id == "w2":  # down_proj [H, I]: split the input dimension
+            param.data[expert_id].copy_(loaded_weight.narrow(1, self.tp_rank * inter, inter))
+            return
+        offset = 0 if shard_id == "w1" else inter  # w1 = gate_proj, w3 = up_proj
+        local = loaded_weight.narrow(0, self.tp_rank * inter, inter)
+        param.data[expert_id].narrow(0, offset, inter).copy_(local)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        with get_global_expert_distribution_recorder().with_current_layer(self.layer_id):
+            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize, self.layer_id)
+        out = fused_experts_native(hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return tensor_model_parallel_all_reduce(out)
+
+    @staticmethod
+    def make_expert_params_mapping(num_experts: int, gate: str, down: str, up: str) -> list[tuple[str, str, int, str]]:
+        """(param name, checkpoint name, expert id, shard id) for every expert matrix."""
+        return [
+            (param, f"experts.{e}.{ckpt}.", e, shard)
+            for e in range(num_experts)
+            for param, ckpt, shard in (
+                ("experts.w13_weight", gate, "w1"),
+                ("experts.w2_weight", down, "w2"),
+                ("experts.w13_weight", up, "w3"),
+            )
+        ]

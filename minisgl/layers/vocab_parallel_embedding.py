@@ -1,0 +1,62 @@
+"""Token embedding and LM head, sharded over the vocabulary.
+
+Mirrors python/sglang/srt/layers/vocab_parallel_embedding.py
+(VocabParallelEmbedding, ParallelLMHead). Each rank holds a contiguous slice
+of the vocabulary; out-of-slice tokens embed to zero and the all-reduce sums
+the slices back. SGLang also pads the vocabulary for LoRA and quantization;
+minisgl pads only to a multiple of the TP size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.org_vocab_size = num_embeddings
+        padded = -(-num_embeddings // self.tp_size) * self.tp_size
+        self.num_embeddings_per_partition = padded // self.tp_size
+        self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
+        self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
+        self.weight = nn.Parameter(
+            torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        local = loaded_weight[self.vocab_start_index : min(self.vocab_end_index, self.org_vocab_size)]
+        param.data[: local.shape[0]].copy_(local)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        in_shard = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
+        local_ids = torch.where(in_shard, input_ids - self.vocab_start_index, 0)
+        out = F.embedding(local_ids, self.weight) * in_shard.unsqueeze(-1)
+        return tensor_model_parallel_all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection; LogitsProcessor does the matmul and gathers the shards."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        assert not bias, "no model here has an LM-head bias"
+
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
+        self.weight = embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("ParallelLMHead is applied by LogitsProcessor, not called")

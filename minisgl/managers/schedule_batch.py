@@ -1,0 +1,318 @@
+"""Req, ScheduleBatch and ModelWorkerBatch: the scheduler's view of the work.
+
+Mirrors python/sglang/srt/managers/schedule_batch.py. A Req is one request's
+whole life (tokens, KV ownership, finish state, side outputs). A
+ScheduleBatch is the set of requests that run one forward together; its
+``prepare_for_extend`` / ``prepare_for_decode`` allocate KV slots and write
+``req_to_token``; ``get_model_worker_batch`` reduces it to the plain data the
+worker needs. SGLang also handles multimodal inputs, grammar, disaggregation,
+hierarchical cache and overlap scheduling here; omitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
+from minisgl.mem_cache.memory_pool import ReqToTokenPool
+from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
+from minisgl.sampling.sampling_params import SamplingParams
+
+
+class BaseFinishReason:
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class FINISH_MATCHED_TOKEN(BaseFinishReason):
+    def __init__(self, matched: int) -> None:
+        self.matched = matched
+
+    def to_json(self):
+        return {"type": "stop", "matched": self.matched}
+
+
+class FINISH_MATCHED_STR(BaseFinishReason):
+    def __init__(self, matched: str) -> None:
+        self.matched = matched
+
+    def to_json(self):
+        return {"type": "stop", "matched": self.matched}
+
+
+class FINISH_LENGTH(BaseFinishReason):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def to_json(self):
+        return {"type": "length", "length": self.length}
+
+
+class FINISH_ABORT(BaseFinishReason):
+    def __init__(self, message: str = "aborted") -> None:
+        self.message = message
+
+    def to_json(self):
+        return {"type": "abort", "message": self.message}
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        origin_input_text: Optional[str],
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: set[int],
+        max_req_len: int,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        token_ids_logprob: Optional[list[int]] = None,
+        return_hidden_states: bool = False,
+        return_routed_experts: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_text = origin_input_text
+        self.origin_input_ids = list(origin_input_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.max_req_len = max_req_len
+        self.generator = generator
+        self.output_ids: list[int] = []
+        self.finished_reason: Optional[BaseFinishReason] = None
+
+        # KV ownership: req_to_token[req_pool_idx, :kv_len] are this request's slots.
+        self.req_pool_idx: Optional[int] = None
+        self.kv_len = 0
+        # The tokens this round must have KV for, and how many of them already do.
+        self.fill_ids: list[int] = []
+        self.prefix_len = 0
+        self.extend_input_len = 0
+
+        # Side outputs.
+        self.return_logprob = return_logprob
+        # -1 means "only the generated tokens": start at the last prompt position.
+        self.logprob_start_len = len(origin_input_ids) if logprob_start_len < 0 else logprob_start_len
+        self.top_logprobs_num = top_logprobs_num
+        self.token_ids_logprob = token_ids_logprob
+        self.return_hidden_states = return_hidden_states
+        self.return_routed_experts = return_routed_experts
+        self.input_token_logprobs: list = []
+        self.input_top_logprobs_val: list = []
+        self.input_top_logprobs_idx: list = []
+        self.input_token_ids_logprobs_val: list = []
+        self.input_token_ids_logprobs_idx: list = []
+        self.output_token_logprobs: list[float] = []
+        self.output_top_logprobs_val: list = []
+        self.output_top_logprobs_idx: list = []
+        self.output_token_ids_logprobs_val: list = []
+        self.output_token_ids_logprobs_idx: list = []
+        self.hidden_states: list[list[float]] = []
+        self.routed_experts: Optional[torch.Tensor] = None
+        self.num_retractions = 0
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def init_next_round_input(self) -> None:
+        """Everything known so far needs KV; what is already in the pool is the prefix."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+        self.prefix_len = self.kv_len
+        self.extend_input_len = len(self.fill_ids) - self.prefix_len
+
+    def check_finished(self, tail_text: Optional[str] = None) -> None:
+        """Set finished_reason if the last token ends the request (SGLang's order of checks)."""
+        if self.finished():
+            return
+        params = self.sampling_params
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = FINISH_LENGTH(params.max_new_tokens)
+            return
+        last = self.output_ids[-1]
+        if last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids):
+            self.finished_reason = FINISH_MATCHED_TOKEN(last)
+            return
+        if tail_text is not None:
+            for stop in params.stop_strs:
+                if stop in tail_text:
+                    self.finished_reason = FINISH_MATCHED_STR(stop)
+                    return
+        if self.seqlen >= self.max_req_len:
+            self.finished_reason = FINISH_LENGTH(len(self.output_ids))
+
+    def reset_for_retract(self) -> None:
+        """Forget all KV; the request will be prefilled again from prompt + output so far."""
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.prefix_len = 0
+        self.num_retractions += 1
+
+
+@dataclasses.dataclass
+class ModelWorkerBatch:
+    """What the worker needs from a ScheduleBatch: lists and tensors, no Req objects."""
+
+    forward_mode: ForwardMode
+    input_ids: list[int]
+    req_pool_indices: list[int]
+    seq_lens: list[int]
+    out_cache_loc: torch.Tensor
+    sampling_info: SamplingBatchInfo
+    return_logprob: bool
+    top_logprobs_nums: list[int]
+    token_ids_logprobs: list[Optional[list[int]]]
+    capture_hidden_mode: CaptureHiddenMode
+    extend_seq_lens: Optional[list[int]] = None
+    extend_prefix_lens: Optional[list[int]] = None
+    extend_logprob_start_lens: Optional[list[int]] = None
+
+
+class ScheduleBatch:
+    def __init__(
+        self,
+        reqs: list[Req],
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: TokenToKVPoolAllocator,
+        vocab_size: int,
+        device: str,
+    ) -> None:
+        self.reqs = reqs
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.vocab_size = vocab_size
+        self.device = device
+        self.forward_mode: Optional[ForwardMode] = None
+        self.input_ids: list[int] = []
+        self.out_cache_loc: Optional[torch.Tensor] = None
+
+    @classmethod
+    def init_new(cls, reqs, req_to_token_pool, token_to_kv_pool_allocator, vocab_size, device) -> "ScheduleBatch":
+        return cls(reqs, req_to_token_pool, token_to_kv_pool_allocator, vocab_size, device)
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    # ---- KV allocation -------------------------------------------------------------------
+
+    def _alloc_token_slots(self, prefix_lens: list[int], seq_lens: list[int]) -> Optional[torch.Tensor]:
+        allocator = self.token_to_kv_pool_allocator
+        if allocator.page_size == 1:
+            return allocator.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
+        table = self.req_to_token_pool.req_to_token
+        last_loc = [int(table[r.req_pool_idx, p - 1]) if p > 0 else -1 for r, p in zip(self.reqs, prefix_lens)]
+        return allocator.alloc_extend(prefix_lens, seq_lens, last_loc)
+
+    def _write_req_to_token(self, prefix_lens: list[int], seq_lens: list[int]) -> None:
+        start = 0
+        for req, pre, seq in zip(self.reqs, prefix_lens, seq_lens):
+            self.req_to_token_pool.write((req.req_pool_idx, slice(pre, seq)), self.out_cache_loc[start : start + seq - pre])
+            req.kv_len = seq
+            start += seq - pre
+
+    def prepare_for_extend(self) -> None:
+        """Claim request slots and KV slots for every new token of every request."""
+        self.forward_mode = ForwardMode.EXTEND
+        needs_slot = [r for r in self.reqs if r.req_pool_idx is None]
+        slots = self.req_to_token_pool.alloc(len(needs_slot))
+        assert slots is not None, "scheduler admitted more requests than req_to_token has rows"
+        for req, slot in zip(needs_slot, slots):
+            req.req_pool_idx = slot
+        prefix_lens = [r.prefix_len for r in self.reqs]
+        seq_lens = [len(r.fill_ids) for r in self.reqs]
+        self.out_cache_loc = self._alloc_token_slots(prefix_lens, seq_lens)
+        assert self.out_cache_loc is not None, "scheduler admitted more tokens than the KV pool has free"
+        self._write_req_to_token(prefix_lens, seq_lens)
+        self.input_ids = [t for r in self.reqs for t in r.fill_ids[r.prefix_len :]]
+        self.prefix_lens, self.seq_lens = prefix_lens, seq_lens
+        self.extend_lens = [s - p for p, s in zip(prefix_lens, seq_lens)]
+
+    def new_tokens_required_next_decode(self) -> int:
+        page = self.token_to_kv_pool_allocator.page_size
+        if page == 1:
+            return len(self.reqs)
+        # Only requests whose last page is full need a fresh page.
+        return sum(page for r in self.reqs if r.kv_len % page == 0)
+
+    def check_decode_mem(self) -> bool:
+        return self.token_to_kv_pool_allocator.available_size() >= self.new_tokens_required_next_decode()
+
+    def prepare_for_decode(self) -> None:
+        """One new token per request: its input is the last sampled token."""
+        self.forward_mode = ForwardMode.DECODE
+        self.input_ids = [r.output_ids[-1] for r in self.reqs]
+        prefix_lens = [r.kv_len for r in self.reqs]
+        seq_lens = [p + 1 for p in prefix_lens]
+        self.out_cache_loc = self._alloc_token_slots(prefix_lens, seq_lens)
+        assert self.out_cache_loc is not None, "check_decode_mem must run before prepare_for_decode"
+        self._write_req_to_token(prefix_lens, seq_lens)
+        self.seq_lens = seq_lens
+
+    def release_req(self, req: Req) -> None:
+        """Return a request's KV slots and its req_to_token row."""
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].to(torch.int64)
+        self.token_to_kv_pool_allocator.free(slots)
+        self.req_to_token_pool.free(req.req_pool_idx)
+
+    def retract_decode(self) -> list[Req]:
+        """Free requests until the rest can decode; return the retracted ones (SGLang's order)."""
+        # Retract the requests that have produced the most and whose prompts are shortest last:
+        # SGLang sorts by (output length, -input length) and pops from the end.
+        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        retracted = []
+        while not self.check_decode_mem() and len(order) > 1:
+            req = order.pop()
+            self.release_req(req)
+            req.reset_for_retract()
+            retracted.append(req)
+            self.reqs = [r for r in self.reqs if r is not req]
+        return retracted
+
+    def filter_batch(self) -> None:
+        self.reqs = [r for r in self.reqs if not r.finished()]
+
+    def merge_batch(self, other: "ScheduleBatch") -> None:
+        self.reqs.extend(other.reqs)
+
+    # ---- hand-off to the worker ----------------------------------------------------------
+
+    def get_model_worker_batch(self) -> ModelWorkerBatch:
+        reqs = self.reqs
+        return_logprob = any(r.return_logprob for r in reqs)
+        capture = CaptureHiddenMode.NULL
+        if any(r.return_hidden_states for r in reqs):
+            capture = CaptureHiddenMode.FULL if self.forward_mode.is_extend() else CaptureHiddenMode.LAST
+        batch = ModelWorkerBatch(
+            forward_mode=self.forward_mode,
+            input_ids=self.input_ids,
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            seq_lens=self.seq_lens,
+            out_cache_loc=self.out_cache_loc,
+            sampling_info=SamplingBatchInfo.from_reqs(reqs, self.vocab_size, self.device),
+            return_logprob=return_logprob,
+            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            token_ids_logprobs=[r.token_ids_logprob if r.return_logprob else None for r in reqs],
+            capture_hidden_mode=capture,
+        )
+        if self.forward_mode.is_extend():
+            batch.extend_seq_lens = self.extend_lens
+            batch.extend_prefix_lens = self.prefix_lens
+            # Prompt logprobs are computed once: not for requests that did not ask, and not
+            # again when a retracted request re-prefills its prompt.
+            batch.extend_logprob_start_lens = [
+                r.logprob_start_len if r.return_logprob and r.num_retractions == 0 else len(r.fill_ids)
+                for r in reqs
+            ]
+        return batch

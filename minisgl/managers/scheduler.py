@@ -1,0 +1,340 @@
+"""Scheduler: decide what runs next, run it through the TpModelWorker, account for the results.
+
+Mirrors python/sglang/srt/managers/scheduler.py (handle_generate_request,
+get_next_batch_to_run, get_new_batch_prefill, update_running_batch, run_batch,
+process_batch_result, abort_request) and the admission rules of
+schedule_policy.py (PrefillAdder). Continuous batching works as in SGLang: a
+step either prefills newly admitted requests or decodes the running batch, and
+a finished prefill joins the running batch at the next step. When decode runs
+out of KV slots, requests are retracted to the waiting queue and later
+re-prefilled from prompt + output so far. The scheduler talks only to the
+TpModelWorker, never to a ModelRunner or a model (claim C1). SGLang's
+scheduler is also an IPC hub (ZMQ), runs overlap scheduling and
+disaggregation; minisgl runs it in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+
+from minisgl import tracing
+from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
+from minisgl.hf_transformers_utils import get_tokenizer
+from minisgl.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
+from minisgl.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
+from minisgl.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# SGLang's defaults: reserve decode room for only part of each request's remaining
+# max_new_tokens (most requests stop early), and never more than this many.
+INIT_NEW_TOKEN_RATIO = 0.7
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        with tracing.span("Scheduler.__init__"):
+            self.tp_worker = TpModelWorker(server_args, tp_rank=tp_rank)
+            self.worker_info = self.tp_worker.get_worker_info()
+            self.model_config = self.tp_worker.model_config
+            self.req_to_token_pool, self.token_to_kv_pool_allocator = self.tp_worker.get_memory_pool()
+            self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
+                server_args.tokenizer_path or self.model_config.model_path
+            )
+        self.eos_token_ids = set(self.model_config.hf_eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.waiting_queue: list[Req] = []
+        self.running_batch = self._new_batch([])
+        self.last_batch: Optional[ScheduleBatch] = None
+        self.outputs: list[ReqOutput] = []
+        self.num_retracted_reqs = 0
+        self._rid_to_req: dict[str, Req] = {}
+
+    def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch.init_new(
+            reqs,
+            self.req_to_token_pool,
+            self.token_to_kv_pool_allocator,
+            self.worker_info.vocab_size,
+            self.worker_info.device,
+        )
+
+    # ---- requests in ---------------------------------------------------------------------
+
+    def handle_generate_request(self, recv_req: TokenizedGenerateReqInput) -> None:
+        params = recv_req.sampling_params
+        generator = None
+        if not params.is_greedy:
+            generator = torch.Generator(device=self.worker_info.device)
+            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)))
+            generator.manual_seed(seed)
+        req = Req(
+            rid=recv_req.rid,
+            origin_input_text=recv_req.input_text,
+            origin_input_ids=recv_req.input_ids,
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+            max_req_len=self.worker_info.max_req_len,
+            return_logprob=recv_req.return_logprob,
+            logprob_start_len=recv_req.logprob_start_len,
+            top_logprobs_num=recv_req.top_logprobs_num,
+            token_ids_logprob=recv_req.token_ids_logprob,
+            return_hidden_states=recv_req.return_hidden_states,
+            return_routed_experts=recv_req.return_routed_experts,
+            generator=generator,
+        )
+        error = self._validate(req)
+        if error is not None:
+            # Never drop a request silently: it finishes at once, with the reason.
+            req.finished_reason = FINISH_ABORT(error)
+            self._emit(req, [])
+            return
+        if params.max_new_tokens == 0:
+            req.finished_reason = FINISH_ABORT("max_new_tokens is 0")  # nothing to generate
+            self._emit(req, [])
+            return
+        self._rid_to_req[req.rid] = req
+        self.waiting_queue.append(req)
+
+    def _validate(self, req: Req) -> Optional[str]:
+        prompt_len = len(req.origin_input_ids)
+        if prompt_len == 0:
+            return "the prompt is empty"
+        if prompt_len > self.worker_info.max_req_input_len:
+            return (
+                f"the prompt has {prompt_len} tokens, more than the {self.worker_info.max_req_input_len} "
+                f"allowed by the context length {self.worker_info.max_req_len}"
+            )
+        if prompt_len + 1 > self.worker_info.max_total_num_tokens:
+            return f"the prompt needs {prompt_len + 1} KV slots, the whole pool has {self.worker_info.max_total_num_tokens}"
+        if any(not 0 <= t < self.worker_info.vocab_size for t in req.origin_input_ids):
+            return f"input ids must be in [0, {self.worker_info.vocab_size})"
+        if req.return_hidden_states and not self.server_args.enable_return_hidden_states:
+            return "return_hidden_states needs the engine started with enable_return_hidden_states=True"
+        if req.return_routed_experts and not self.server_args.enable_return_routed_experts:
+            return "return_routed_experts needs the engine started with enable_return_routed_experts=True"
+        if req.return_routed_experts and not self.model_config.is_moe:
+            return "return_routed_experts needs a mixture-of-experts model"
+        return None
+
+    def abort_request(self, rid: str) -> None:
+        """Finish a request now, wherever it is, and free its KV at once."""
+        req = self._rid_to_req.get(rid)
+        if req is None or req.finished():
+            return
+        req.finished_reason = FINISH_ABORT("aborted by request")
+        if req in self.waiting_queue:
+            self.waiting_queue.remove(req)
+            self._finish(req, release=False)
+        else:
+            self.running_batch.filter_batch()
+            self._finish(req, release=True)
+
+    # ---- choosing a batch ----------------------------------------------------------------
+
+    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        # A prefill that just ran joins the running batch (continuous batching).
+        if self.last_batch is not None and self.last_batch.forward_mode.is_extend():
+            self.last_batch.filter_batch()
+            self.running_batch.merge_batch(self.last_batch)
+        self.last_batch = None
+
+        batch = self.get_new_batch_prefill()
+        if batch is None and not self.running_batch.is_empty():
+            batch = self.update_running_batch(self.running_batch)
+        if batch is not None:
+            tracing.point(
+                "Scheduler.get_next_batch_to_run", forward_mode=batch.forward_mode.name, batch_size=batch.batch_size()
+            )
+        return batch
+
+    def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
+        if not self.waiting_queue:
+            return None
+        info = self.worker_info
+        allocator = self.token_to_kv_pool_allocator
+        page = info.page_size
+        running = self.running_batch.reqs
+        # Room the running requests will still need for decoding.
+        reserved = sum(self._decode_reservation(r) for r in running)
+        free_tokens = allocator.available_size() - reserved
+        free_req_slots = self.req_to_token_pool.available_size()
+        can_run: list[Req] = []
+        prefill_tokens = 0
+        for req in self.waiting_queue:
+            if len(running) + len(can_run) >= info.max_running_requests or len(can_run) >= free_req_slots:
+                break
+            req.init_next_round_input()
+            need = math.ceil(req.extend_input_len / page) * page + self._decode_reservation(req)
+            if need > free_tokens:
+                break
+            if can_run and prefill_tokens + req.extend_input_len > info.max_prefill_tokens:
+                break
+            can_run.append(req)
+            free_tokens -= need
+            prefill_tokens += req.extend_input_len
+        if not can_run:
+            return None
+        self.waiting_queue = self.waiting_queue[len(can_run) :]
+        batch = self._new_batch(can_run)
+        batch.prepare_for_extend()
+        return batch
+
+    def _decode_reservation(self, req: Req) -> int:
+        remaining = min(req.sampling_params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+        return math.ceil(max(remaining, 0) * INIT_NEW_TOKEN_RATIO)
+
+    def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
+        if not batch.check_decode_mem():
+            retracted = batch.retract_decode()
+            self.num_retracted_reqs += len(retracted)
+            tracing.point("Scheduler.retract_decode", num_retracted=len(retracted))
+            self.waiting_queue = retracted + self.waiting_queue
+            if not batch.check_decode_mem():
+                # One request alone does not fit: it can never finish, so end it with a reason.
+                for req in batch.reqs:
+                    req.finished_reason = FINISH_ABORT("the KV cache is too small for this request")
+                    self._finish(req, release=True)
+                batch.filter_batch()
+                return None
+        batch.prepare_for_decode()
+        return batch
+
+    # ---- running it ----------------------------------------------------------------------
+
+    def run_batch(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        with tracing.span("Scheduler.run_batch", forward_mode=batch.forward_mode.name):
+            return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+
+    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        next_token_ids = result.next_token_ids.tolist()
+        out = result.logits_output
+        hidden_offset = 0
+        for i, req in enumerate(batch.reqs):
+            if batch.forward_mode.is_extend():
+                num_rows = batch.extend_lens[i]
+                self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i])
+                hidden_offset += num_rows
+            elif out.hidden_states is not None and req.return_hidden_states:
+                req.hidden_states.append(out.hidden_states[i].tolist())
+            req.output_ids.append(next_token_ids[i])
+            if req.return_logprob:
+                self._record_output_logprobs(req, out, i)
+            req.check_finished(self._tail_text(req))
+            if req.finished():
+                self._finish(req, release=True)
+            else:
+                self._emit(req, [next_token_ids[i]])
+        if batch.forward_mode.is_decode():
+            batch.filter_batch()
+
+    def _record_extend_side_outputs(self, req: Req, out, i: int, row_offset: int, prefix_len: int) -> None:
+        if req.return_logprob and out.input_token_logprobs is not None:
+            req.input_token_logprobs += out.input_token_logprobs[i]
+            if out.input_top_logprobs_val[i] is not None:
+                req.input_top_logprobs_val += out.input_top_logprobs_val[i]
+                req.input_top_logprobs_idx += out.input_top_logprobs_idx[i]
+            if out.input_token_ids_logprobs_val[i] is not None:
+                req.input_token_ids_logprobs_val += out.input_token_ids_logprobs_val[i]
+                req.input_token_ids_logprobs_idx += out.input_token_ids_logprobs_idx[i]
+        if req.return_hidden_states and out.hidden_states is not None:
+            # Keep each position once: a retracted request re-prefills positions it already has.
+            for pos in range(len(req.hidden_states), req.kv_len):
+                req.hidden_states.append(out.hidden_states[row_offset + pos - prefix_len].tolist())
+
+    @staticmethod
+    def _record_output_logprobs(req: Req, out, i: int) -> None:
+        req.output_token_logprobs.append(float(out.next_token_logprobs[i]))
+        if out.next_token_top_logprobs_val is not None:
+            req.output_top_logprobs_val.append(out.next_token_top_logprobs_val[i])
+            req.output_top_logprobs_idx.append(out.next_token_top_logprobs_idx[i])
+        if out.next_token_token_ids_logprobs_val is not None:
+            req.output_token_ids_logprobs_val.append(out.next_token_token_ids_logprobs_val[i])
+            req.output_token_ids_logprobs_idx.append(out.next_token_token_ids_logprobs_idx[i])
+
+    def _tail_text(self, req: Req) -> Optional[str]:
+        stops = req.sampling_params.stop_strs
+        if not stops or self.tokenizer is None:
+            return None
+        # Enough trailing tokens to contain the longest stop string (a token is >= 1 character).
+        n = max(len(s) for s in stops) + 1
+        return self.tokenizer.decode(req.output_ids[-n:])
+
+    def _finish(self, req: Req, release: bool) -> None:
+        if release and req.req_pool_idx is not None:
+            if req.return_routed_experts:
+                slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len]
+                req.routed_experts = self.tp_worker.get_routed_experts(slots)
+            self.running_batch.release_req(req)
+            req.req_pool_idx = None
+        self._rid_to_req.pop(req.rid, None)
+        self._emit(req, [req.output_ids[-1]] if req.output_ids else [])
+
+    def _emit(self, req: Req, new_ids: list[int]) -> None:
+        meta = self._build_meta_info(req) if req.finished() else None
+        self.outputs.append(ReqOutput(req.rid, new_ids, req.finished(), meta))
+
+    @staticmethod
+    def _build_meta_info(req: Req) -> dict:
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": len(req.origin_input_ids),
+            "completion_tokens": len(req.output_ids),
+            "finish_reason": req.finished_reason.to_json(),
+            "num_retractions": req.num_retractions,
+        }
+        if req.return_logprob:
+            # SGLang's shape: (logprob, token_id, text); text is filled by the front end if asked.
+            start = req.logprob_start_len
+            prompt_ids = req.origin_input_ids[start:]
+            meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_token_logprobs, prompt_ids)]
+            meta["output_token_logprobs"] = [
+                (lp, t, None) for lp, t in zip(req.output_token_logprobs, req.output_ids)
+            ]
+            meta["input_top_logprobs"] = _zip_top(req.input_top_logprobs_val, req.input_top_logprobs_idx)
+            meta["output_top_logprobs"] = _zip_top(req.output_top_logprobs_val, req.output_top_logprobs_idx)
+            meta["input_token_ids_logprobs"] = _zip_top(req.input_token_ids_logprobs_val, req.input_token_ids_logprobs_idx)
+            meta["output_token_ids_logprobs"] = _zip_top(
+                req.output_token_ids_logprobs_val, req.output_token_ids_logprobs_idx
+            )
+        if req.return_hidden_states:
+            meta["hidden_states"] = req.hidden_states
+        if req.return_routed_experts and req.routed_experts is not None:
+            meta["routed_experts"] = req.routed_experts
+        return meta
+
+    def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
+        recorder = get_global_expert_distribution_recorder()
+        if action == "start":
+            return recorder.start_record()
+        if action == "stop":
+            return recorder.stop_record()
+        return recorder.dump_record(output_path)
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def step(self) -> list[ReqOutput]:
+        """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account."""
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            result = self.run_batch(batch)
+            self.process_batch_result(batch, result)
+            self.last_batch = batch
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+    def is_idle(self) -> bool:
+        return not self._rid_to_req
+
+
+def _zip_top(vals: list, idxs: list) -> list:
+    return [None if v is None else [(lp, t, None) for lp, t in zip(v, i)] for v, i in zip(vals, idxs)]

@@ -1,0 +1,132 @@
+"""TpModelWorker: the outer execution shell the scheduler drives.
+
+Mirrors python/sglang/srt/managers/tp_worker.py (TpModelWorker.__init__,
+_init_model_config, _init_model_runner, get_worker_info, get_memory_pool,
+forward_batch_generation). It is more than a rank wrapper (claim C3): it
+picks the draft or target model path, builds the ModelRunner, agrees on the
+random seed with the other ranks, and gives the scheduler a narrow interface,
+so the scheduler never reaches a ModelRunner or a model (C1). SGLang also
+hosts LoRA, weight updates, hicache hooks and dLLM here; omitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from minisgl import tracing
+from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.utils import broadcast_pyobj
+from minisgl.layers.logits_processor import LogitsProcessorOutput
+from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
+from minisgl.mem_cache.memory_pool import ReqToTokenPool
+from minisgl.model_executor.forward_batch_info import ForwardBatch
+from minisgl.model_executor.model_runner import ModelRunner
+from minisgl.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from minisgl.managers.schedule_batch import ModelWorkerBatch
+
+
+@dataclasses.dataclass
+class GenerationBatchResult:
+    logits_output: LogitsProcessorOutput
+    next_token_ids: Optional[torch.Tensor]  # None for a verify forward, which the caller samples
+    can_run_cuda_graph: bool
+
+
+@dataclasses.dataclass
+class WorkerInfo:
+    max_total_num_tokens: int
+    max_prefill_tokens: int
+    max_running_requests: int
+    max_req_len: int
+    max_req_input_len: int
+    random_seed: int
+    device: str
+    page_size: int
+    vocab_size: int
+
+
+class TpModelWorker:
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        tp_rank: int = 0,
+        is_draft_worker: bool = False,
+        req_to_token_pool: Optional[ReqToTokenPool] = None,
+        token_to_kv_pool_allocator: Optional[TokenToKVPoolAllocator] = None,
+    ) -> None:
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.tp_size = server_args.tp_size
+        self.is_draft_worker = is_draft_worker
+        with tracing.span("TpModelWorker.__init__", tp_rank=tp_rank, is_draft_worker=is_draft_worker):
+            self._init_model_config()
+            self._init_model_runner(req_to_token_pool, token_to_kv_pool_allocator)
+            # Every rank must sample identically, so rank 0's seed wins (claim C3).
+            self.random_seed = broadcast_pyobj([server_args.random_seed], self.tp_rank)[0]
+            tracing.point("TpModelWorker.set_random_seed", source_rank=0)
+            torch.manual_seed(self.random_seed)
+
+    def _init_model_config(self) -> None:
+        model_path = (
+            self.server_args.speculative_draft_model_path if self.is_draft_worker else self.server_args.model_path
+        )
+        if self.is_draft_worker and model_path is None:
+            raise ValueError("a draft worker needs speculative_draft_model_path")
+        self.model_config = ModelConfig.from_server_args(
+            self.server_args, model_path=model_path, is_draft_model=self.is_draft_worker
+        )
+
+    def _init_model_runner(self, req_to_token_pool, token_to_kv_pool_allocator) -> None:
+        self._model_runner = ModelRunner(
+            model_config=self.model_config,
+            server_args=self.server_args,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            is_draft_worker=self.is_draft_worker,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
+
+    @property
+    def model_runner(self) -> ModelRunner:
+        return self._model_runner
+
+    def get_worker_info(self) -> WorkerInfo:
+        runner = self._model_runner
+        max_req_len = self.model_config.context_len
+        return WorkerInfo(
+            max_total_num_tokens=runner.max_total_num_tokens,
+            max_prefill_tokens=self.server_args.max_prefill_tokens,
+            max_running_requests=min(self.server_args.max_running_requests, runner.req_to_token_pool.size),
+            max_req_len=max_req_len,
+            max_req_input_len=max_req_len - 1,  # room for at least one generated token
+            random_seed=self.random_seed,
+            device=runner.device,
+            page_size=runner.page_size,
+            vocab_size=self.model_config.vocab_size,
+        )
+
+    def get_memory_pool(self) -> tuple[ReqToTokenPool, TokenToKVPoolAllocator]:
+        return self._model_runner.req_to_token_pool, self._model_runner.token_to_kv_pool_allocator
+
+    def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:
+        """A finished request's experts, [tokens, layers, top_k], read by its KV slots."""
+        return self._model_runner.get_routed_experts(slots)
+
+    def forward_batch_generation(
+        self, model_worker_batch: "ModelWorkerBatch", is_verify: bool = False
+    ) -> GenerationBatchResult:
+        """ForwardBatch.init_new -> forward -> (verify: stop) -> sample (claim C8)."""
+        with tracing.span("TpModelWorker.forward_batch_generation"):
+            forward_batch = ForwardBatch.init_new(model_worker_batch, self._model_runner)
+            out = self._model_runner.forward(forward_batch)
+            if is_verify:
+                # Speculative verification samples against the draft tokens itself.
+                return GenerationBatchResult(out.logits_output, None, out.can_run_graph)
+            next_token_ids = self._model_runner.sample(out.logits_output, forward_batch)
+            return GenerationBatchResult(out.logits_output, next_token_ids, out.can_run_graph)

@@ -1,0 +1,279 @@
+"""ModelRunner: where the model, the KV pools, the attention backend and sampling meet.
+
+Mirrors python/sglang/srt/model_executor/model_runner.py (and the
+init_memory_pool of model_runner_kv_cache_mixin.py). Read it in the book's order:
+``__init__`` fixes the runner's personality; ``initialize()`` assembles the
+execution shell in a fixed order (claim C5); ``forward()`` dispatches on the
+batch's ForwardMode (C6); ``sample()`` turns logits into tokens (C7).
+SGLang additionally wires LoRA, quantization, EPLB rebalancing, piecewise
+CUDA graphs, remote weight transfer and many hardware backends; each is a
+branch minisgl leaves out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+import psutil
+import torch
+
+from minisgl import tracing
+from minisgl.configs.model_config import ModelConfig
+from minisgl.eplb.expert_distribution import (
+    ExpertDistributionRecorder,
+    get_global_expert_distribution_recorder,
+    set_global_expert_distribution_recorder,
+)
+from minisgl.eplb.expert_location import ExpertLocationMetadata
+from minisgl.layers.attention.base_attn_backend import AttentionBackend
+from minisgl.layers.logits_processor import LogitsProcessorOutput
+from minisgl.layers.moe.routed_experts_capturer import (
+    RoutedExpertsCapturer,
+    get_global_experts_capturer,
+    set_global_experts_capturer,
+)
+from minisgl.layers.sampler import Sampler
+from minisgl.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.model_executor.forward_batch_info import ForwardBatch
+from minisgl.model_loader.loader import get_model
+from minisgl.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ModelRunnerOutput:
+    logits_output: LogitsProcessorOutput
+    can_run_graph: bool
+
+
+def create_sampler() -> Sampler:
+    return Sampler()
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        server_args: ServerArgs,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        is_draft_worker: bool = False,
+        req_to_token_pool: Optional[ReqToTokenPool] = None,
+        token_to_kv_pool_allocator: Optional[TokenToKVPoolAllocator] = None,
+    ) -> None:
+        # The personality (claim C4): fixed here, read by every later branch, never re-decided.
+        self.model_config = model_config
+        self.server_args = server_args
+        self.device = server_args.device
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.spec_algorithm = None  # minisgl's speculative worker wraps this runner from outside
+        self.is_draft_worker = is_draft_worker
+        # A draft runner is handed the target's pools; a target runner creates its own.
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.use_mla_backend = False  # no MLA models in minisgl
+        self.is_generation = model_config.is_generation
+        self.is_multimodal = model_config.is_multimodal
+        self.page_size = server_args.page_size
+        tracing.point(
+            "ModelRunner.__init__",
+            device=self.device,
+            is_draft_worker=is_draft_worker,
+            shares_pools=req_to_token_pool is not None,
+            use_mla_backend=self.use_mla_backend,
+            is_generation=self.is_generation,
+            is_multimodal=self.is_multimodal,
+            page_size=self.page_size,
+            attention_backend=server_args.attention_backend,
+        )
+        if not self.is_generation:
+            raise ValueError(f"{model_config.architectures} is not a generation model")
+        if self.is_multimodal:
+            raise ValueError("minisgl serves text-only models")
+        self.forward_pass_id = 0
+        self.initialize()
+
+    def initialize(self) -> None:
+        """Assemble the execution shell, in SGLang's order (claim C5)."""
+        with tracing.span("ModelRunner.initialize"):
+            mc = self.model_config
+            with tracing.span("init_expert_location_metadata"):
+                self.expert_location_metadata = ExpertLocationMetadata.init_trivial(
+                    mc.num_hidden_layers, mc.num_experts
+                )
+            with tracing.span("ExpertDistributionRecorder.init_new"):
+                set_global_expert_distribution_recorder(
+                    ExpertDistributionRecorder.init_new(
+                        self.server_args.expert_distribution_recorder_mode,
+                        mc.num_hidden_layers,
+                        self.expert_location_metadata.num_physical_experts,
+                    )
+                )
+            with tracing.span("create_sampler"):
+                self.sampler = create_sampler()
+            self.load_model()
+            self.init_memory_pool()
+            self.init_routed_experts_capturer()
+            self.init_attention_backend()
+            self.init_device_graphs()
+
+    def load_model(self) -> None:
+        with tracing.span("ModelRunner.load_model", dtype=str(self.model_config.dtype).removeprefix("torch.")):
+            self.model = get_model(self.model_config, self.device)
+            self.dtype = self.model_config.dtype
+
+    def profile_max_num_token(self) -> int:
+        """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""
+        mc = self.model_config
+        cell_size = mc.get_num_kv_heads(self.tp_size) * mc.head_dim * mc.num_hidden_layers * 2 * self.dtype.itemsize
+        if self.device.startswith("cuda"):
+            available, _ = torch.cuda.mem_get_info()
+        else:
+            available = psutil.virtual_memory().available
+        return int(available * self.server_args.mem_fraction_static) // cell_size
+
+    def init_memory_pool(self) -> None:
+        with tracing.span("ModelRunner.init_memory_pool"):
+            max_tokens = self.server_args.max_total_tokens or self.profile_max_num_token()
+            # The pool holds whole pages.
+            self.max_total_num_tokens = max_tokens // self.page_size * self.page_size
+            if self.max_total_num_tokens <= 0:
+                raise RuntimeError("not enough memory for the KV cache; raise mem_fraction_static")
+            if self.req_to_token_pool is None:
+                self.req_to_token_pool = ReqToTokenPool(
+                    size=self.server_args.max_running_requests,
+                    max_context_len=self.model_config.context_len + 4,
+                    device=self.device,
+                )
+            self.token_to_kv_pool = MHATokenToKVPool(
+                size=self.max_total_num_tokens,
+                page_size=self.page_size,
+                dtype=self.dtype,
+                head_num=self.model_config.get_num_kv_heads(self.tp_size),
+                head_dim=self.model_config.head_dim,
+                layer_num=self.model_config.num_hidden_layers,
+                device=self.device,
+            )
+            if self.token_to_kv_pool_allocator is None:
+                if self.page_size == 1:
+                    self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
+                        self.max_total_num_tokens, self.token_to_kv_pool, self.device
+                    )
+                else:
+                    self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+                        self.max_total_num_tokens, self.page_size, self.token_to_kv_pool, self.device
+                    )
+            tracing.point(
+                "ModelRunner.init_memory_pool.sized",
+                page_size=self.page_size,
+                allocator=type(self.token_to_kv_pool_allocator).__name__,
+            )
+
+    def init_routed_experts_capturer(self) -> None:
+        with tracing.span("ModelRunner.init_routed_experts_capturer"):
+            mc = self.model_config
+            set_global_experts_capturer(
+                RoutedExpertsCapturer.create(
+                    enable=self.server_args.enable_return_routed_experts and mc.is_moe,
+                    num_layers=mc.num_hidden_layers,
+                    top_k=mc.num_experts_per_tok,
+                    num_slots=self.max_total_num_tokens + self.page_size,
+                    device=self.device,
+                )
+            )
+
+    def init_attention_backend(self) -> None:
+        """The backend is chosen here, once, from server_args and the device (claim C11)."""
+        with tracing.span("ModelRunner.init_attention_backend", backend=self.server_args.attention_backend):
+            self.attn_backend = self._get_attention_backend()
+
+    def _get_attention_backend(self) -> AttentionBackend:
+        name = self.server_args.attention_backend
+        if name == "torch_native":
+            from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+            return TorchNativeAttnBackend(self)
+        if name == "triton":
+            from minisgl.layers.attention.triton_backend import TritonAttnBackend
+
+            return TritonAttnBackend(self)
+        raise ValueError(f"unknown attention backend {name!r}")
+
+    def init_device_graphs(self) -> None:
+        with tracing.span("ModelRunner.init_device_graphs"):
+            self.graph_runner = None
+            if not self.device.startswith("cuda"):
+                tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
+            elif self.server_args.disable_cuda_graph:
+                tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
+            else:
+                from minisgl.model_executor.cuda_graph_runner import CudaGraphRunner
+
+                self.graph_runner = CudaGraphRunner(self)
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
+        """One forward pass (claim C6)."""
+        self.forward_pass_id += 1
+        with tracing.span("ModelRunner.forward", forward_mode=forward_batch.forward_mode.name):
+            with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
+                output = self._forward_raw(forward_batch)
+            get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
+        return output
+
+    def _forward_raw(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
+        mode = forward_batch.forward_mode
+        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+            tracing.point("ModelRunner.forward.dispatch", branch="graph_replay")
+            return ModelRunnerOutput(self.graph_runner.replay(forward_batch), can_run_graph=True)
+        if mode.is_decode():
+            tracing.point("ModelRunner.forward.dispatch", branch="decode")
+            return ModelRunnerOutput(self.forward_decode(forward_batch), can_run_graph=False)
+        if mode.is_extend():
+            tracing.point("ModelRunner.forward.dispatch", branch="extend")
+            return ModelRunnerOutput(self.forward_extend(forward_batch), can_run_graph=False)
+        if mode.is_idle():
+            raise NotImplementedError("IDLE batches only occur with data-parallel attention, which minisgl omits")
+        raise ValueError(f"invalid forward mode {mode}")
+
+    def forward_decode(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        self._init_forward_metadata(forward_batch)
+        with tracing.span("model.forward"):
+            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def forward_extend(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        self._init_forward_metadata(forward_batch)
+        with tracing.span("model.forward"):
+            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def _init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        with tracing.span("attn_backend.init_forward_metadata", backend=type(self.attn_backend).__name__):
+            self.attn_backend.init_forward_metadata(forward_batch)
+
+    def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:
+        return get_global_experts_capturer().get_routed_experts(slots)
+
+    # ---- sample --------------------------------------------------------------------------
+
+    def _preprocess_logits(self, logits_output: LogitsProcessorOutput, sampling_info) -> None:
+        with tracing.span("ModelRunner._preprocess_logits"):
+            sampling_info.apply_logits_bias(logits_output.next_token_logits)
+
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Logits -> next token ids, with logprobs attached when asked (claim C7)."""
+        with tracing.span("ModelRunner.sample", return_logprob=forward_batch.return_logprob):
+            self._preprocess_logits(logits_output, forward_batch.sampling_info)
+            with tracing.span("Sampler.forward"):
+                return self.sampler(
+                    logits_output,
+                    forward_batch.sampling_info,
+                    forward_batch.return_logprob,
+                    forward_batch.top_logprobs_nums,
+                    forward_batch.token_ids_logprobs,
+                )

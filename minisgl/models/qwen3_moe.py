@@ -1,0 +1,71 @@
+"""Qwen3-MoE: Qwen3 attention with a sparse mixture-of-experts MLP.
+
+Mirrors python/sglang/srt/models/qwen3_moe.py (Qwen3MoeSparseMoeBlock,
+Qwen3MoeDecoderLayer, Qwen3MoeForCausalLM, load_weights with the expert
+params mapping). The router is a plain linear layer; choosing experts,
+observing the choice and running the experts all live in FusedMoE (layers/).
+SGLang also handles shared experts, expert parallelism and two-batch overlap.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from minisgl.layers.linear import ReplicatedLinear
+from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
+from minisgl.models.llama import LlamaForCausalLM, LlamaMLP
+from minisgl.models.qwen3 import Qwen3DecoderLayer
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = FusedMoE(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            layer_id=layer_id,
+            renormalize=config.norm_topk_prob,
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        router_logits = self.gate(hidden_states)  # [num_tokens, num_experts]
+        return self.experts(hidden_states, router_logits)
+
+
+class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__(config, layer_id)
+        is_sparse = layer_id not in getattr(config, "mlp_only_layers", []) and (
+            (layer_id + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+        )
+        if is_sparse:
+            self.mlp = Qwen3MoeSparseMoeBlock(config, layer_id)
+        else:
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    decoder_layer_type = Qwen3MoeDecoderLayer
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.expert_params_mapping = FusedMoE.make_expert_params_mapping(
+            config.num_experts, gate="gate_proj", down="down_proj", up="up_proj"
+        )
+
+    def _load_one(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[str]:
+        for param_name, ckpt_name, expert_id, shard_id in self.expert_params_mapping:
+            if ckpt_name in name:
+                fused = name[: name.index(ckpt_name)] + param_name
+                params[fused].weight_loader(params[fused], tensor, shard_id, expert_id)
+                return fused
+        return super()._load_one(params, name, tensor)
+
+
+EntryClass = Qwen3MoeForCausalLM

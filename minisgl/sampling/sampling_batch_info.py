@@ -1,0 +1,94 @@
+"""The batch's sampling parameters as tensors, plus the logit edits made before sampling.
+
+Mirrors python/sglang/srt/sampling/sampling_batch_info.py (SamplingBatchInfo,
+from_schedule_batch, apply_logits_bias) and, folded in, the penalizers of
+python/sglang/srt/sampling/penaltylib/. SGLang keeps running penalty state on
+device and supports grammar vocab masks; minisgl recounts penalties from the
+requests' token lists each step, which is simpler and exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.managers.schedule_batch import Req
+
+
+@dataclasses.dataclass
+class SamplingBatchInfo:
+    temperatures: torch.Tensor  # [bs, 1]
+    top_ps: torch.Tensor  # [bs]
+    top_ks: torch.Tensor  # [bs]
+    min_ps: torch.Tensor  # [bs]
+    is_all_greedy: bool
+    need_top_p_sampling: bool
+    need_top_k_sampling: bool
+    need_min_p_sampling: bool
+    generators: list[Optional[torch.Generator]]  # None for greedy rows
+    vocab_size: int
+    logit_bias: Optional[torch.Tensor] = None  # [bs, vocab]
+    # Penalties, present only when some request in the batch asked for one.
+    frequency_penalties: Optional[torch.Tensor] = None  # [bs, 1]
+    presence_penalties: Optional[torch.Tensor] = None  # [bs, 1]
+    repetition_penalties: Optional[torch.Tensor] = None  # [bs, 1]
+    output_token_counts: Optional[torch.Tensor] = None  # [bs, vocab]
+    seen_tokens: Optional[torch.Tensor] = None  # [bs, vocab] bool: prompt or output
+
+    @classmethod
+    def from_reqs(cls, reqs: list["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
+        params = [r.sampling_params for r in reqs]
+
+        def col(name, dtype=torch.float32):
+            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
+
+        top_ks = col("top_k", torch.int64).clamp(max=vocab_size)
+        info = cls(
+            temperatures=col("temperature").unsqueeze(1),
+            top_ps=col("top_p"),
+            top_ks=top_ks,
+            min_ps=col("min_p"),
+            is_all_greedy=all(p.is_greedy for p in params),
+            need_top_p_sampling=any(p.top_p != 1.0 for p in params),
+            need_top_k_sampling=any(p.top_k < vocab_size for p in params),
+            need_min_p_sampling=any(p.min_p > 0 for p in params),
+            generators=[None if p.is_greedy else r.generator for p, r in zip(params, reqs)],
+            vocab_size=vocab_size,
+        )
+        if any(p.logit_bias for p in params):
+            info.logit_bias = torch.zeros(len(reqs), vocab_size, device=device)
+            for i, p in enumerate(params):
+                for token_id, bias in p.logit_bias.items():
+                    info.logit_bias[i, token_id] = bias
+        if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
+            info._init_penalties(reqs, device)
+        return info
+
+    def _init_penalties(self, reqs: list["Req"], device: str) -> None:
+        params = [r.sampling_params for r in reqs]
+        bs = len(reqs)
+        self.frequency_penalties = torch.tensor([[p.frequency_penalty] for p in params], device=device)
+        self.presence_penalties = torch.tensor([[p.presence_penalty] for p in params], device=device)
+        self.repetition_penalties = torch.tensor([[p.repetition_penalty] for p in params], device=device)
+        self.output_token_counts = torch.zeros(bs, self.vocab_size, device=device)
+        self.seen_tokens = torch.zeros(bs, self.vocab_size, dtype=torch.bool, device=device)
+        for i, r in enumerate(reqs):
+            out = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
+            self.output_token_counts[i].index_add_(0, out, torch.ones(len(out), device=device))
+            self.seen_tokens[i, torch.tensor(r.origin_input_ids, dtype=torch.int64, device=device)] = True
+            self.seen_tokens[i, out] = True
+
+    def apply_logits_bias(self, logits: torch.Tensor) -> None:
+        """Edit logits in place: penalties, then additive logit_bias (SGLang's order)."""
+        if self.output_token_counts is not None:
+            # OpenAI-style: subtract frequency * count and presence * [count > 0].
+            logits -= self.frequency_penalties * self.output_token_counts
+            logits -= self.presence_penalties * (self.output_token_counts > 0)
+            # CTRL/HF-style repetition penalty over prompt and output tokens.
+            rp = torch.where(logits > 0, 1.0 / self.repetition_penalties, self.repetition_penalties)
+            logits.copy_(torch.where(self.seen_tokens, logits * rp, logits))
+        if self.logit_bias is not None:
+            logits += self.logit_bias

@@ -1,0 +1,114 @@
+"""ServerArgs: every knob of the engine, in one dataclass, with SGLang's flag names.
+
+Mirrors python/sglang/srt/server_args.py (ServerArgs, add_cli_args, from_cli_args,
+__post_init__ with its _handle_* normalizers). SGLang has ~400 fields; minisgl
+keeps the ones its code reads, and validates them once here so the rest of
+the engine can trust them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+ATTENTION_BACKENDS = ("torch_native", "triton")
+
+
+@dataclass
+class ServerArgs:
+    # Model and tokenizer
+    model_path: str = "SmolLM2-135M-Instruct"
+    tokenizer_path: Optional[str] = None
+    revision: Optional[str] = None
+    context_length: Optional[int] = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    # Device and memory
+    device: Optional[str] = None
+    mem_fraction_static: Optional[float] = None
+    max_total_tokens: Optional[int] = None
+    page_size: int = 1
+
+    # Scheduling
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: Optional[int] = None
+
+    # Kernels and graphs
+    attention_backend: Optional[str] = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 32
+
+    # Side outputs
+    enable_return_hidden_states: bool = False
+    enable_return_routed_experts: bool = False
+    expert_distribution_recorder_mode: Optional[str] = None
+
+    # Parallelism and speculation
+    tp_size: int = 1
+    speculative_draft_model_path: Optional[str] = None
+
+    # Misc
+    random_seed: int = 0
+    skip_tokenizer_init: bool = False
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        self._handle_device()
+        self._handle_attention_backend()
+        self._handle_memory()
+        self._check()
+
+    def _handle_device(self) -> None:
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _handle_attention_backend(self) -> None:
+        # The backend is a personality fixed here and in ModelRunner.init_attention_backend,
+        # never re-decided during forward (claim C11).
+        if self.attention_backend is None:
+            self.attention_backend = "triton" if self.device.startswith("cuda") else "torch_native"
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"unknown attention_backend {self.attention_backend!r}; choose one of {ATTENTION_BACKENDS}"
+            )
+
+    def _handle_memory(self) -> None:
+        if self.mem_fraction_static is None:
+            # On a CPU the "device memory" is the host's RAM, shared with everything else.
+            self.mem_fraction_static = 0.88 if self.device.startswith("cuda") else 0.1
+
+    def _check(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
+            raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.tp_size < 1:
+            raise ValueError("tp_size must be >= 1")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        for field in dataclasses.fields(ServerArgs):
+            flag = "--" + field.name.replace("_", "-")
+            if field.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", default=field.default)
+                continue
+            base = str(field.type).replace("Optional[", "").rstrip("]")
+            kind = {"int": int, "float": float}.get(base, str)
+            parser.add_argument(flag, type=kind, default=field.default)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names})

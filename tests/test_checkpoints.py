@@ -1,0 +1,180 @@
+"""The checkpoints minisgl runs on: tiny random models and the SmolLM2 GGUF conversion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from minisgl.model_loader import gguf
+from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, convert_gguf, resolve_model_path
+from minisgl.tools.make_tiny_model import ARCHS, make_tiny_model
+from minisgl.tools.make_tiny_model import main as make_tiny_model_main
+from tests._models import smollm2_dir, tiny_model_dir
+
+
+def _tensors(folder) -> dict[str, torch.Tensor]:
+    with safe_open(f"{folder}/model.safetensors", "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_is_deterministic(arch, tmp_path):
+    a = make_tiny_model(arch, tmp_path / "a")
+    b = make_tiny_model(arch, tmp_path / "b")
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir())
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    for name in files:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_tiny_model_seed_changes_weights_only(tmp_path):
+    a = make_tiny_model("qwen3", tmp_path / "a", seed=0)
+    b = make_tiny_model("qwen3", tmp_path / "b", seed=1)
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
+    assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def test_tiny_model_cli(tmp_path, capsys):
+    make_tiny_model_main(["--arch", "mixtral", "--out", str(tmp_path / "m"), "--seed", "0"])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == (
+        make_tiny_model("mixtral", tmp_path / "again") / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_loads_offline_with_its_personality(arch):
+    folder = tiny_model_dir(arch)
+    config = AutoConfig.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tensors = _tensors(folder)
+    assert config.model_type == arch
+    assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    assert config.max_position_embeddings == 1024
+    assert config.vocab_size == len(tokenizer) == 512
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    generation = json.loads(open(f"{folder}/generation_config.json").read())
+    assert generation["eos_token_id"] == config.eos_token_id == tokenizer.eos_token_id
+
+    if arch == "llama":
+        assert config.tie_word_embeddings
+        assert "lm_head.weight" not in tensors
+        rope = config.rope_parameters
+        assert rope["rope_type"] == "llama3"
+        assert (rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]) == (8.0, 1.0, 4.0)
+        assert rope["original_max_position_embeddings"] == 256
+    else:
+        assert not config.tie_word_embeddings
+        assert "lm_head.weight" in tensors
+    if arch == "qwen2":
+        bias = tensors["model.layers.0.self_attn.q_proj.bias"]
+        assert bias.shape == (64,) and bias.abs().sum() > 0
+    if arch == "qwen3":
+        assert config.head_dim == 32
+        assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (4 * 32, 64)
+        assert tensors["model.layers.0.self_attn.q_norm.weight"].shape == (32,)
+    if arch == "qwen3_moe":
+        assert (config.num_experts, config.num_experts_per_tok) == (8, 2)
+        assert config.norm_topk_prob and config.moe_intermediate_size == 32
+        assert config.decoder_sparse_step == 1 and config.mlp_only_layers == []
+        # Saved per expert, as hub checkpoints are (transformers fuses them in memory).
+        assert tensors["model.layers.1.mlp.experts.7.gate_proj.weight"].shape == (32, 64)
+    if arch == "mixtral":
+        assert (config.num_local_experts, config.num_experts_per_tok) == (4, 2)
+        assert tensors["model.layers.1.block_sparse_moe.experts.3.w1.weight"].shape == (128, 64)
+
+    # The random weights must give peaked logits: greedy output varies instead of repeating.
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = tokenizer("The river rose early", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert len(set(out[0, ids.shape[1] :].tolist())) >= 8
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_tokenizer_round_trips_and_chats(arch):
+    folder = tiny_model_dir(arch)
+    fast = PreTrainedTokenizerFast.from_pretrained(folder)
+    # For qwen2, AutoTokenizer rebuilds the tokenizer as Qwen2Tokenizer; it must agree.
+    auto = AutoTokenizer.from_pretrained(folder)
+    text = "The capital of France is Paris.\n\n  Numbers: 2024, 3.14; naïve café — 日本 ✓"
+    ids = fast(text).input_ids
+    assert auto(text).input_ids == ids
+    assert fast.decode(ids) == auto.decode(ids) == text
+    assert len(fast("The capital of France is Paris.").input_ids) < len("The capital of France is Paris.") // 2
+
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        assert len(fast(special).input_ids) == 1
+    assert fast.eos_token == "<|endoftext|>" and fast.bos_token is None
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    prompt = fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == prompt
+
+
+def test_resolve_model_path_accepts_a_folder_and_explains_the_rest(tmp_path):
+    folder = tiny_model_dir("llama")
+    assert resolve_model_path(folder) == folder
+
+    expected = r"'nope' not found: expected a folder with config\.json, a \.gguf file"
+    with pytest.raises(FileNotFoundError, match=expected):
+        resolve_model_path("nope")
+    with pytest.raises(FileNotFoundError, match=DEFAULT_MODEL_PATH):
+        resolve_model_path(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ValueError, match="is not a model"):
+        resolve_model_path(str(tmp_path))  # a folder, but no config.json
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a model"):
+        resolve_model_path(str(tmp_path / "weights.bin"))
+
+
+def test_convert_gguf_never_leaves_a_half_folder(tmp_path, monkeypatch):
+    def crash(gguf_path, out):
+        (out / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("killed mid-conversion")
+
+    monkeypatch.setattr(gguf, "_write_hf_folder", crash)
+    (tmp_path / "m.gguf").write_bytes(b"")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="mid-conversion"):
+        resolve_model_path(str(tmp_path / "m.gguf"))
+    assert list((tmp_path / "cache").iterdir()) == []
+
+    # A finished folder is reused without converting again.
+    (tmp_path / "cache" / "m").mkdir()
+    (tmp_path / "cache" / "m" / "config.json").write_text("{}")
+    assert resolve_model_path(str(tmp_path / "m.gguf")) == str(tmp_path / "cache" / "m")
+    assert convert_gguf(tmp_path / "m.gguf", tmp_path / "cache" / "m") == tmp_path / "cache" / "m"
+
+
+def test_smollm2_converts_and_answers():
+    folder = smollm2_dir()
+    assert folder == resolve_model_path(DEFAULT_MODEL_PATH)
+    config = AutoConfig.from_pretrained(folder)
+    assert config.architectures == ["LlamaForCausalLM"] and config.tie_word_embeddings
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
+    assert not hasattr(config, "quantization_config")
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token == "<|im_end|>"
+    generation = json.loads(open(f"{folder}/generation_config.json").read())
+    assert generation["eos_token_id"] == tokenizer.eos_token_id == config.eos_token_id
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer
