@@ -92,12 +92,10 @@ class ModelConfig:
         self.num_experts: int = getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None) or 0
         self.num_experts_per_tok: int = getattr(c, "num_experts_per_tok", 0) if self.num_experts else 0
         self.is_moe = self.num_experts > 0
-        # transformers 5 moved rope_theta/rope_scaling into rope_parameters; models read
-        # the two classic attributes, so normalize them here once.
-        rope = dict(getattr(c, "rope_parameters", None) or {})
-        c.rope_theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-        scaling = rope if rope.get("rope_type", "default") != "default" else getattr(c, "rope_scaling", None)
-        c.rope_scaling = scaling or None
+        # transformers 5 keeps rope_theta inside rope_parameters (and serves rope_scaling from
+        # there); 4.x configs have top-level rope_theta. Models read config.rope_theta.
+        if getattr(c, "rope_theta", None) is None:
+            c.rope_theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
 
     def _get_hf_eos_token_id(self) -> set[int]:
         eos = self.hf_config.eos_token_id

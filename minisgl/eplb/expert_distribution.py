@@ -39,6 +39,7 @@ class ExpertDistributionRecorder:
 
     @contextlib.contextmanager
     def with_forward_pass(self, forward_pass_id: int, forward_batch):
+        tracing.point("ExpertDistributionRecorder.with_forward_pass", recording=False)
         yield
 
     @contextlib.contextmanager
@@ -74,6 +75,7 @@ class _ExpertDistributionRecorderReal(ExpertDistributionRecorder):
 
     @contextlib.contextmanager
     def with_forward_pass(self, forward_pass_id: int, forward_batch):
+        tracing.point("ExpertDistributionRecorder.with_forward_pass", recording=self._recording)
         if not self._recording:
             yield
             return

@@ -31,9 +31,12 @@ from minisgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# SGLang's defaults: reserve decode room for only part of each request's remaining
-# max_new_tokens (most requests stop early), and never more than this many.
+# SGLang's defaults: admission reserves decode room for only a fraction of each request's
+# remaining max_new_tokens (most requests stop early). The fraction decays while decoding
+# goes well and jumps back after a retraction; remaining tokens are clipped at 4096.
 INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 CLIP_MAX_NEW_TOKENS = 4096
 
 
@@ -57,6 +60,7 @@ class Scheduler:
         self.last_batch: Optional[ScheduleBatch] = None
         self.outputs: list[ReqOutput] = []
         self.num_retracted_reqs = 0
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._rid_to_req: dict[str, Req] = {}
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
@@ -174,7 +178,11 @@ class Scheduler:
             if len(running) + len(can_run) >= info.max_running_requests or len(can_run) >= free_req_slots:
                 break
             req.init_next_round_input()
-            need = math.ceil(req.extend_input_len / page) * page + self._decode_reservation(req)
+            need = math.ceil(req.extend_input_len / page) * page
+            # With nothing else running, the oldest request starts as soon as its prompt fits;
+            # if its decode later outgrows the pool, update_running_batch ends it with a reason.
+            if running or can_run:
+                need += self._decode_reservation(req)
             if need > free_tokens:
                 break
             if can_run and prefill_tokens + req.extend_input_len > info.max_prefill_tokens:
@@ -191,12 +199,13 @@ class Scheduler:
 
     def _decode_reservation(self, req: Req) -> int:
         remaining = min(req.sampling_params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
-        return math.ceil(max(remaining, 0) * INIT_NEW_TOKEN_RATIO)
+        return math.ceil(max(remaining, 0) * self.new_token_ratio)
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():
             retracted = batch.retract_decode()
             self.num_retracted_reqs += len(retracted)
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO
             tracing.point("Scheduler.retract_decode", num_retracted=len(retracted))
             self.waiting_queue = retracted + self.waiting_queue
             if not batch.check_decode_mem():
@@ -206,6 +215,7 @@ class Scheduler:
                     self._finish(req, release=True)
                 batch.filter_batch()
                 return None
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         batch.prepare_for_decode()
         return batch
 

@@ -102,7 +102,7 @@ class ModelRunner:
         """Assemble the execution shell, in SGLang's order (claim C5)."""
         with tracing.span("ModelRunner.initialize"):
             mc = self.model_config
-            with tracing.span("init_expert_location_metadata"):
+            with tracing.span("compute_initial_expert_location_metadata"):
                 self.expert_location_metadata = ExpertLocationMetadata.init_trivial(
                     mc.num_hidden_layers, mc.num_experts
                 )

@@ -52,7 +52,11 @@ class LlamaAttention(nn.Module):
         )
         self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, config.hidden_size)
         self.rotary_emb = get_rope(
-            self.head_dim, self.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            self.head_dim,
+            self.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            getattr(config, "rope_scaling", None),
         )
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 

@@ -1,0 +1,42 @@
+"""C11: the attention backend is chosen at init from server_args and the device, never inside forward."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from minisgl import tracing
+from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from minisgl.server_args import ServerArgs
+
+
+def test_c11_default_backend_by_device(tiny_llama):
+    assert ServerArgs(model_path=tiny_llama, device="cpu").attention_backend == "torch_native"
+    assert ServerArgs(model_path=tiny_llama, device="cuda").attention_backend == "triton"
+    with pytest.raises(ValueError, match="attention_backend"):
+        ServerArgs(model_path=tiny_llama, attention_backend="flashinfer")
+
+
+def test_c11_chosen_in_init_attention_backend(tiny_llama):
+    from minisgl.entrypoints.engine import Engine
+
+    with tracing.record() as events:
+        engine = Engine(model_path=tiny_llama, max_total_tokens=64)
+    runner = engine.scheduler.tp_worker.model_runner
+    assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
+    chosen = [e for e in events if e["event"] == "ModelRunner.init_attention_backend" and e["phase"] == "begin"]
+    assert chosen == [{"event": "ModelRunner.init_attention_backend", "phase": "begin", "backend": "torch_native"}]
+    backend = runner.attn_backend
+    engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3})
+    assert runner.attn_backend is backend
+
+
+def test_c11_forward_path_never_selects_a_backend():
+    import minisgl.model_executor.model_runner as mr
+
+    tree = ast.parse(Path(mr.__file__).read_text())
+    runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    for fn in runner.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith(("forward", "_forward", "sample")):
+            src = ast.unparse(fn)
+            assert "_get_attention_backend" not in src and "attention_backend" not in src, fn.name
