@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from minisgl.layers.triton_ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -24,6 +26,15 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        # SGLang's CustomOp dispatch: a fused kernel on the GPU, plain torch elsewhere.
+        return self.forward_cuda(x, residual) if x.is_cuda else self.forward_native(x, residual)
+
+    def forward_cuda(self, x, residual=None):
+        if residual is None:
+            return rmsnorm(x, self.weight, self.variance_epsilon)
+        return fused_add_rmsnorm(x, residual, self.weight, self.variance_epsilon)
+
+    def forward_native(self, x, residual=None):
         if residual is not None:
             x = x + residual
             residual = x

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from minisgl import tracing
+
 if TYPE_CHECKING:
     from minisgl.model_executor.forward_batch_info import ForwardBatch
 
@@ -47,4 +49,5 @@ class RadixAttention(nn.Module):
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
         # q: [num_tokens, tp_q_head_num * head_dim]; k, v: [num_tokens, tp_k_head_num * head_dim]
+        tracing.point("RadixAttention.forward", layer_id=self.layer_id)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

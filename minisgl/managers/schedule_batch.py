@@ -268,9 +268,9 @@ class ScheduleBatch:
 
     def retract_decode(self) -> list[Req]:
         """Free requests until the rest can decode; return the retracted ones (SGLang's order)."""
-        # Retract the requests that have produced the most and whose prompts are shortest last:
-        # SGLang sorts by (output length, -input length) and pops from the end.
-        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        # SGLang's victim order: fewest generated tokens first, then the longest prompt, so the
+        # work thrown away (and redone at re-prefill) is the cheapest per slot freed.
+        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
         retracted = []
         while not self.check_decode_mem() and len(order) > 1:
             req = order.pop()

@@ -211,6 +211,11 @@ class ModelRunner:
                 tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
             elif self.server_args.disable_cuda_graph:
                 tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
+            elif self.server_args.attention_backend != "triton":
+                tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
+            elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
+                # Their hooks run Python on every forward, which a replayed graph would skip.
+                tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
             else:
                 from minisgl.model_executor.cuda_graph_runner import CudaGraphRunner
 

@@ -52,9 +52,20 @@ def model_runner_forward_sample(workdir: str) -> list[dict]:
     return events
 
 
+def attention_backend_triton(workdir: str) -> list[dict]:
+    """C11 and the Triton backend: chosen at init; metadata built once per forward, before layer 0."""
+    path = _tiny("llama", workdir)
+    with tracing.record() as events:
+        engine = _engine(path, attention_backend="triton", page_size=4)
+        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
+    keep = ("ModelRunner.init_attention_backend", "ModelRunner.forward", "attn_backend.init_forward_metadata", "RadixAttention.forward")
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
+    "attention_backend_triton": attention_backend_triton,
 }
 
 

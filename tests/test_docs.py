@@ -1,0 +1,664 @@
+"""Docs that cannot rot: every reference in docs/ resolves against the current tree.
+
+Fast and browser-free. It reads the Markdown under docs/ and checks, against the
+source (parsed with ``ast``, never imported), the tests/ folder and the SGLang index
+in ../shared/reference/:
+
+- code references in inline code spans: ``minisgl/x.py``, ``minisgl/x.py::Class.member``,
+  ``minisgl/x.py:12``, ``minisgl/dir/``, ``minisgl.module``, ``python -m minisgl.module``,
+  ``tests/...py``, ``scripts/...``, and short ``Class.member`` where Class is a minisgl class;
+- ``*(being built)*`` markers, both ways (missing code must be marked, marked code must be missing);
+- claim tables: a cited claim has a tests/test_c<N>_*.py file, or says "planned" and has none;
+- SGLang ``python/sglang/srt/<path>:<line>`` references and concordance symbols, against the index;
+- imports in Python code blocks, ``python -m`` in shell code blocks, relative links,
+  the API page's mkdocstrings targets, and quoted golden-trace excerpts.
+
+The conventions are documented for writers in docs/contributing.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+PKG = REPO / "minisgl"
+SGLANG_INDEX = REPO.parent / "shared" / "reference" / "sglang-index-64bca53.md"
+CLAIMS = range(1, 13)
+
+PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+CHAPTERS = [p for p in PAGES if p.startswith("chapters/")]
+
+# ---------------------------------------------------------------------------------------
+# Markdown reading
+# ---------------------------------------------------------------------------------------
+
+_FENCE_OPEN = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
+_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+_BEING_BUILT = "(being built)"
+
+
+@dataclass
+class Span:
+    line: int  # 1-based
+    text: str
+    after: str  # the rest of the line after the span
+    full: str  # the whole line
+
+
+@dataclass
+class Block:
+    line: int  # line of the opening fence
+    info: str  # what follows the fence: language and attributes
+    body: list[str]
+
+    @property
+    def lang(self) -> str:
+        return self.info.split()[0].lower() if self.info.split() else ""
+
+
+@dataclass
+class Page:
+    path: str
+    prose: list[str]  # the page's lines, fenced blocks blanked out
+    blocks: list[Block] = field(default_factory=list)
+
+    @functools.cached_property
+    def spans(self) -> list[Span]:
+        out = []
+        for i, line in enumerate(self.prose, 1):
+            following = self.prose[i] if i < len(self.prose) else ""
+            for m in _SPAN.finditer(line):
+                # A marker may wrap onto the next line: "... `path`\n*(being built)* ...".
+                after = line[m.end() :] if line[m.end() :].strip() else following
+                out.append(Span(i, m.group(2).strip(), after, line))
+        return out
+
+    def tables(self) -> list[tuple[int, list[list[str]]]]:
+        """(first line, rows) of each pipe table; rows[0] is the header, the divider dropped."""
+        out, current, start = [], [], 0
+        for i, line in enumerate(self.prose + [""], 1):
+            if line.lstrip().startswith("|"):
+                if not current:
+                    start = i
+                current.append((i, line))
+                continue
+            if len(current) >= 2:
+                rows = [_cells(text) for _, text in current]
+                lines = [n for n, _ in current]
+                out.append((start, [(lines[0], rows[0])] + list(zip(lines[2:], rows[2:]))))
+            current = []
+        return out
+
+
+def _cells(line: str) -> list[str]:
+    # Split on pipes outside code spans.
+    masked = _SPAN.sub(lambda m: m.group(0).replace("|", "\0"), line.strip())
+    return [c.replace("\0", "|").strip() for c in masked.strip("|").split("|")]
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: str) -> Page:
+    prose, blocks, fence, block = [], [], None, None
+    for i, line in enumerate((DOCS / path).read_text(encoding="utf-8").splitlines(), 1):
+        if fence is None:
+            m = _FENCE_OPEN.match(line)
+            if m:
+                fence = m.group(2)
+                block = Block(i, m.group(3).strip(), [])
+                prose.append("")
+                continue
+            prose.append(line)
+        else:
+            stripped = line.strip()
+            if stripped.startswith(fence[0] * len(fence)) and set(stripped) == {fence[0]}:
+                blocks.append(block)
+                fence = None
+            else:
+                block.body.append(line)
+            prose.append("")
+    assert fence is None, f"{path}: unclosed code fence opened at line {block.line}"
+    return Page(path, prose, blocks)
+
+
+def _span_texts(cell: str) -> list[str]:
+    return [m.group(2).strip() for m in _SPAN.finditer(cell)]
+
+
+# ---------------------------------------------------------------------------------------
+# The minisgl source, read with ast
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClassInfo:
+    members: set[str]
+    bases: list[str]
+
+
+@dataclass
+class ModuleInfo:
+    defined: set[str]  # top-level classes, functions, assignments
+    imported: set[str]  # names brought in by import statements
+    classes: dict[str, ClassInfo]
+
+
+def _targets(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.Assign):
+        out = []
+        for t in node.targets:
+            out.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
+        return out
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return [node.target]
+    return []
+
+
+def _class_info(node: ast.ClassDef) -> ClassInfo:
+    members: set[str] = set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            members.add(item.name)
+        for t in _targets(item):
+            if isinstance(t, ast.Name):
+                members.add(t.id)
+    # Instance attributes: self.x = ... anywhere in the class's methods.
+    for sub in ast.walk(node):
+        for t in _targets(sub):
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                members.add(t.attr)
+    bases = []
+    for b in node.bases:
+        if isinstance(b, ast.Name):
+            bases.append(b.id)
+        elif isinstance(b, ast.Attribute):
+            bases.append(b.attr)
+    return ClassInfo(members, bases)
+
+
+@functools.lru_cache(maxsize=None)
+def module_info(rel: str) -> ModuleInfo:
+    tree = ast.parse((REPO / rel).read_text(encoding="utf-8"))
+    defined, imported, classes = set(), set(), {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            defined.add(node.name)
+            classes[node.name] = _class_info(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        for t in _targets(node):
+            if isinstance(t, ast.Name):
+                defined.add(t.id)
+    return ModuleInfo(defined, imported, classes)
+
+
+@functools.lru_cache(maxsize=None)
+def all_classes() -> dict[str, list[ClassInfo]]:
+    out: dict[str, list[ClassInfo]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        for name, info in module_info(path.relative_to(REPO).as_posix()).classes.items():
+            out.setdefault(name, []).append(info)
+    return out
+
+
+def class_has(cls: str, member: str, _seen: frozenset = frozenset()) -> bool:
+    for info in all_classes().get(cls, []):
+        if member in info.members:
+            return True
+        for base in info.bases:
+            if base not in _seen and class_has(base, member, _seen | {cls}):
+                return True
+    return False
+
+
+def module_file(dotted: str) -> str | None:
+    """'minisgl.a.b' -> 'minisgl/a/b.py' or 'minisgl/a/b/__init__.py', if it exists."""
+    base = dotted.replace(".", "/")
+    for cand in (f"{base}.py", f"{base}/__init__.py"):
+        if (REPO / cand).is_file():
+            return cand
+    return None
+
+
+def resolve_symbol(rel: str, symbol: str) -> str | None:
+    """None if `symbol` ('f', 'Class', 'Class.member') is defined in file `rel`, else why not."""
+    info = module_info(rel)
+    head, _, rest = symbol.partition(".")
+    if head not in info.defined:
+        return f"{rel} defines no {head!r}"
+    if not rest:
+        return None
+    if head not in info.classes:
+        return f"{head!r} in {rel} is not a class, so it has no {rest!r}"
+    if "." in rest:
+        return f"only Class.member is supported, not {symbol!r}"
+    cls = info.classes[head]
+    if rest in cls.members or any(class_has(b, rest) for b in cls.bases):
+        return None
+    return f"class {head} in {rel} has no member {rest!r}"
+
+
+# ---------------------------------------------------------------------------------------
+# Reference rules for one inline code span
+# ---------------------------------------------------------------------------------------
+
+_R_FILE = re.compile(r"^(minisgl/[\w/]+\.py)(?:::([\w.]+)(?:\(\))?|:(\d+)(?:-(\d+))?)?$")
+_R_DIR = re.compile(r"^(minisgl(?:/\w+)*)/$")
+_R_MODULE = re.compile(r"^(?:python -m )?(minisgl(?:\.\w+)+)$")
+_R_SHORT = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")
+_R_REPO_FILE = re.compile(r"(?:^|\s)((?:tests|scripts)/[\w/.-]+\.(?:py|sh|txt|jsonl))(?:::(\w+))?(?=\s|$)")
+_R_PY_M = re.compile(r"python -m (minisgl[\w.]*)")
+_R_CLAIM_TEST = re.compile(r"^tests/test_(?:c\d+_)+\w*\.py$")
+
+
+def check_span(text: str) -> tuple[bool, str] | None:
+    """(resolves, description) for a span that is a checkable reference; None if it is not."""
+    m = _R_FILE.match(text)
+    if m:
+        rel, symbol, first, last = m.groups()
+        if not (REPO / rel).is_file():
+            return False, f"no file {rel}"
+        if symbol:
+            why = resolve_symbol(rel, symbol)
+            return why is None, why or f"{rel}::{symbol}"
+        if first:
+            n = len((REPO / rel).read_text(encoding="utf-8").splitlines())
+            hi = int(last or first)
+            ok = 1 <= int(first) <= hi <= n
+            return ok, f"{rel} has {n} lines; {text} is outside it" if not ok else text
+        return True, rel
+    m = _R_DIR.match(text)
+    if m:
+        return (REPO / m.group(1)).is_dir(), f"directory {text}"
+    m = _R_MODULE.match(text)
+    if m:
+        dotted = m.group(1)
+        if module_file(dotted):
+            return True, dotted
+        mod, _, name = dotted.rpartition(".")
+        rel = module_file(mod)
+        if rel and name in module_info(rel).defined:
+            return True, dotted
+        return False, f"no module or symbol {dotted}"
+    m = _R_SHORT.match(text)
+    if m and m.group(1) in all_classes():
+        cls, member = m.groups()
+        return class_has(cls, member), f"minisgl class {cls} has no member {member!r}"
+    return None
+
+
+def _marked(span: Span) -> bool:
+    return span.after.lstrip(" *_").startswith(_BEING_BUILT)
+
+
+def _sglang_cells(page: Page) -> dict[int, set[str]]:
+    """Line -> spans in the SGLang cell of a concordance row (SGLang names, checked elsewhere)."""
+    out: dict[int, set[str]] = {}
+    for _, rows in page.tables():
+        header = rows[0][1]
+        if len(header) >= 2 and header[0] == "minisgl" and header[1].startswith("SGLang"):
+            for line, cells in rows[1:]:
+                out[line] = set(_span_texts(cells[1]))
+    return out
+
+
+def _claim_test_lines(page: Page) -> set[int]:
+    lines = set()
+    for _, rows in page.tables():
+        if rows[0][1][0] == "Claim" and rows[0][1][-1] == "Test":
+            lines.update(n for n, _ in rows[1:])
+    return lines
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_code_references_resolve(path):
+    page = load(path)
+    claim_lines = _claim_test_lines(page)
+    sglang_cells = _sglang_cells(page)
+    problems = []
+    for span in page.spans:
+        where = f"{path}:{span.line}: `{span.text}`"
+        if span.text in sglang_cells.get(span.line, ()):
+            continue  # an SGLang name, checked against the index by test_chapter_concordance_rows
+        results = []
+        checked = check_span(span.text)
+        if checked is not None:
+            results.append(checked)
+        for m in _R_REPO_FILE.finditer(span.text):
+            if _R_CLAIM_TEST.match(m.group(1)) and span.line in claim_lines:
+                continue  # claim tests are checked by test_claims_cite_existing_tests
+            f = REPO / m.group(1)
+            ok = f.is_file() and (not m.group(2) or m.group(2) in module_info(m.group(1)).defined)
+            results.append((ok, f"no {m.group(0).strip()}"))
+        for m in _R_PY_M.finditer(span.text):
+            if checked is None:
+                results.append((bool(module_file(m.group(1))), f"no module {m.group(1)}"))
+        if not results:
+            continue
+        resolves = all(ok for ok, _ in results)
+        marked = _marked(span) or (_BEING_BUILT in span.full and _R_PY_M.search(span.text) is not None)
+        if marked and resolves:
+            problems.append(f"{where} is marked *(being built)* but exists now: remove the marker")
+        elif not marked and not resolves:
+            problems.append(f"{where}: " + "; ".join(why for ok, why in results if not ok))
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------
+# Code blocks: imports, python -m, quoted traces
+# ---------------------------------------------------------------------------------------
+
+_R_FROM_IMPORT = re.compile(r"^\s*from (minisgl[\w.]*) import ([\w, ()]+)")
+_R_IMPORT = re.compile(r"^\s*import (minisgl[\w.]*)")
+_SHELL = {"bash", "sh", "shell", "console"}
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_code_blocks_resolve(path):
+    problems = []
+    for block in load(path).blocks:
+        for offset, line in enumerate(block.body, 1):
+            where = f"{path}:{block.line + offset}"
+            # python -c "..." one-liners carry imports too, so scan every line.
+            for stmt in re.split(r";\s*|\"", line):
+                m = _R_FROM_IMPORT.match(stmt)
+                if m:
+                    rel = module_file(m.group(1))
+                    if rel is None:
+                        problems.append(f"{where}: no module {m.group(1)}")
+                        continue
+                    info = module_info(rel)
+                    for name in re.findall(r"\w+", m.group(2)):
+                        if name not in info.defined | info.imported and not module_file(f"{m.group(1)}.{name}"):
+                            problems.append(f"{where}: {m.group(1)} has no {name!r}")
+                m = _R_IMPORT.match(stmt)
+                if m and module_file(m.group(1)) is None:
+                    problems.append(f"{where}: no module {m.group(1)}")
+            if block.lang in _SHELL:
+                for m in _R_PY_M.finditer(line):
+                    exists = module_file(m.group(1)) is not None
+                    marked = "# being built" in line
+                    if marked and exists:
+                        problems.append(f"{where}: {m.group(1)} exists now: remove '# being built'")
+                    elif not marked and not exists:
+                        problems.append(f"{where}: no module {m.group(1)} (mark the line '# being built')")
+                for m in _R_REPO_FILE.finditer(line):
+                    if not (REPO / m.group(1)).is_file() and "# being built" not in line:
+                        problems.append(f"{where}: no file {m.group(1)}")
+    assert not problems, "\n".join(problems)
+
+
+_R_TITLE = re.compile(r'title="([^"]+)"')
+
+
+def test_quoted_traces_match_golden_files():
+    """A code block titled traces/<name>.jsonl quotes events that occur, in order, in that file."""
+    problems = []
+    for path in PAGES:
+        for block in load(path).blocks:
+            m = _R_TITLE.search(block.info)
+            if not m or not m.group(1).startswith("traces/"):
+                continue
+            golden = REPO / m.group(1)
+            where = f"{path}:{block.line}"
+            if not golden.is_file():
+                problems.append(f"{where}: quotes {m.group(1)}, which does not exist")
+                continue
+            events = [json.loads(x) for x in golden.read_text().splitlines() if x.strip()]
+            quoted = [json.loads(x) for x in block.body if x.strip() and x.strip() != "..."]
+            it = iter(events)
+            missing = [q for q in quoted if not any(q == e for e in it)]
+            if missing:
+                problems.append(f"{where}: not in {m.group(1)} in this order: {missing[0]}")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------
+# Links and the API page
+# ---------------------------------------------------------------------------------------
+
+_R_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_relative_links_point_at_pages(path):
+    page = load(path)
+    problems = []
+    for i, line in enumerate(page.prose, 1):
+        for m in _R_LINK.finditer(_SPAN.sub("", line)):
+            target = m.group(1).split("#")[0]
+            if not target or re.match(r"^[a-z]+:", target):
+                continue
+            if not ((DOCS / path).parent / target).resolve().is_file():
+                problems.append(f"{path}:{i}: link to missing {target}")
+    assert not problems, "\n".join(problems)
+
+
+def test_api_reference_targets_exist():
+    lines = (DOCS / "reference" / "api.md").read_text(encoding="utf-8").splitlines()
+    problems, seen = [], 0
+    for i, line in enumerate(lines):
+        m = re.match(r"^::: ([\w.]+)\s*$", line)
+        if not m:
+            continue
+        seen += 1
+        rel = module_file(m.group(1))
+        if rel is None:
+            problems.append(f"api.md:{i + 1}: no module {m.group(1)}")
+            continue
+        for follow in lines[i + 1 : i + 6]:
+            mm = re.match(r"^\s+members:\s*\[(.*)\]", follow)
+            if mm:
+                for name in re.findall(r"\w+", mm.group(1)):
+                    if name not in module_info(rel).defined:
+                        problems.append(f"api.md:{i + 1}: {m.group(1)} defines no {name}")
+    assert seen, "the API page documents nothing"
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------
+# Claims
+# ---------------------------------------------------------------------------------------
+
+_R_CLAIM_ID = re.compile(r"\bC(\d{1,2})\b")
+_R_CLAIM_RANGE = re.compile(r"\bC\d{1,2}\s*[–-]\s*C\d{1,2}\b")
+
+
+def names_claim(filename: str, n: int) -> bool:
+    """test_c5_init_order.py and test_c4_c5_model_runner_init.py both name claim 5."""
+    return filename.startswith("test_") and re.search(rf"(?:^test_|_)c{n}_", filename) is not None
+
+
+def claim_test_files(n: int) -> list[str]:
+    return sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("test_*.py") if names_claim(p.name, n))
+
+
+@dataclass
+class ClaimRow:
+    page: str
+    line: int
+    claim: int
+    tests: list[str]
+    planned: bool
+
+
+def claim_rows(path: str) -> list[ClaimRow]:
+    out = []
+    for _, rows in load(path).tables():
+        header = rows[0][1]
+        if header[0] != "Claim" or header[-1] != "Test":
+            continue
+        for line, cells in rows[1:]:
+            m = re.fullmatch(r"\**C(\d{1,2})\**", cells[0])
+            assert m, f"{path}:{line}: the first cell of a claims row must be a claim id, got {cells[0]!r}"
+            test_cell = cells[-1]
+            out.append(
+                ClaimRow(path, line, int(m.group(1)), _span_texts(test_cell), test_cell.lower().startswith("planned"))
+            )
+    return out
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_claims_cite_existing_tests(path):
+    page = load(path)
+    rows = claim_rows(path)
+    problems = []
+    # A chapter (or the map) that mentions a claim states it in a claims table on the same page;
+    # other pages (the task pages, the glossary) may name claims without restating them.
+    tabled = {r.claim for r in rows}
+    cites = path in CHAPTERS or path == "index.md"
+    for i, line in enumerate(page.prose if cites else [], 1):
+        text = _R_CLAIM_RANGE.sub("", _SPAN.sub("", line))
+        for m in _R_CLAIM_ID.finditer(text):
+            n = int(m.group(1))
+            if n not in CLAIMS:
+                problems.append(f"{path}:{i}: there is no claim C{n} (claims are C1-C12)")
+            elif n not in tabled:
+                problems.append(f"{path}:{i}: C{n} is cited but not in this page's claims table")
+    for r in rows:
+        where = f"{path}:{r.line}: C{r.claim}"
+        present = claim_test_files(r.claim)
+        if r.planned:
+            if present:
+                problems.append(
+                    f"{where} is marked planned, but {', '.join(present)} exists: cite it "
+                    "(python scripts/sync_claims.py rewrites the claims tables)"
+                )
+            for t in r.tests:
+                if not (t.startswith("tests/") and names_claim(Path(t).name, r.claim)):
+                    problems.append(f"{where}: expected test name {t!r} must look like tests/test_c{r.claim}_<topic>.py")
+            continue
+        if not r.tests:
+            problems.append(f"{where}: the Test cell names no test file and does not say 'planned'")
+        for t in r.tests:
+            if not (REPO / t).is_file():
+                problems.append(f"{where}: {t} does not exist (write 'planned — `{t}`' until it does)")
+            elif not names_claim(Path(t).name, r.claim):
+                problems.append(f"{where}: {t} is not named after the claim (test_c{r.claim}_*.py)")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_claim_is_on_the_map_and_in_a_chapter():
+    on_map = {r.claim for r in claim_rows("index.md")}
+    in_chapters = {r.claim for p in CHAPTERS for r in claim_rows(p)}
+    assert on_map == set(CLAIMS), f"index.md lacks claims {sorted(set(CLAIMS) - on_map)}"
+    assert in_chapters == set(CLAIMS), f"no chapter states claims {sorted(set(CLAIMS) - in_chapters)}"
+
+
+# ---------------------------------------------------------------------------------------
+# SGLang references and concordance tables
+# ---------------------------------------------------------------------------------------
+
+_R_SGLANG = re.compile(r"python/sglang/srt/([\w/]+\.py)(?::(\d+))?")
+_R_SGLANG_DIR = re.compile(r"^python/sglang/srt/([\w/]+)/$")
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_index() -> dict[str, dict[int, set[str]]]:
+    """file -> {line: names} from the index: definitions and the calls listed under 'Call order'."""
+    files: dict[str, dict[int, set[str]]] = {}
+    current = None
+    calls_of = None
+    for line in SGLANG_INDEX.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^## ([\w/]+\.py) \(\d+ lines\)", line)
+        if m:
+            current, calls_of = files.setdefault(m.group(1), {}), None
+            continue
+        m = re.match(r"^## ([\w/]+\.py) :: ", line)
+        if m:
+            current, calls_of = None, files.setdefault(m.group(1), {})
+            continue
+        if line.startswith("#"):
+            current = calls_of = None
+            continue
+        if current is not None:
+            m = re.match(r"^\s*- L(\d+) (?:(?:class|def) )?([\w.]+)", line)
+            if m:
+                current.setdefault(int(m.group(1)), set()).add(m.group(2))
+        elif calls_of is not None:
+            for m in re.finditer(r"L(\d+) ([^,]+)", line):
+                name = m.group(2).strip()
+                names = calls_of.setdefault(int(m.group(1)), set())
+                names.update({name, name.removeprefix("self.")})
+    return files
+
+
+def _need_index():
+    if not SGLANG_INDEX.is_file():
+        pytest.skip(
+            f"SGLang index not found at {SGLANG_INDEX} (it lives in shared/ beside the repository; "
+            "CI has it at ../shared/reference/)"
+        )
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_sglang_references_are_in_the_index(path):
+    _need_index()
+    index = sglang_index()
+    problems = []
+    for span in load(path).spans:
+        where = f"{path}:{span.line}: `{span.text}`"
+        m = _R_SGLANG_DIR.match(span.text)
+        if m and not any(f.startswith(m.group(1) + "/") for f in index):
+            problems.append(f"{where}: no indexed SGLang file under this folder")
+        for m in _R_SGLANG.finditer(span.text):
+            rel, line = m.group(1), m.group(2)
+            if rel not in index:
+                problems.append(f"{where}: {rel} is not in the SGLang index at 64bca53")
+            elif line and int(line) not in index[rel]:
+                problems.append(f"{where}: line {line} of {rel} is not a line the index lists")
+    assert not problems, "\n".join(problems)
+
+
+def concordance_tables(path: str):
+    for _, rows in load(path).tables():
+        header = rows[0][1]
+        if len(header) >= 2 and header[0] == "minisgl" and header[1].startswith("SGLang"):
+            yield rows[1:]
+
+
+@pytest.mark.parametrize("path", CHAPTERS)
+def test_chapter_concordance_rows(path):
+    _need_index()
+    index = sglang_index()
+    tables = list(concordance_tables(path))
+    assert tables, f"{path} has no concordance table (| minisgl | SGLang at 64bca53 | ... |)"
+    problems = []
+    for rows in tables:
+        for line, cells in rows:
+            where = f"{path}:{line}"
+            minisgl = [t for t in _span_texts(cells[0]) if t.startswith("minisgl/")]
+            if not minisgl:
+                problems.append(f"{where}: the minisgl cell names no minisgl/ file")
+            spans = _span_texts(cells[1])
+            refs = [s for s in spans if _R_SGLANG.fullmatch(s) and ":" in s]
+            if len(refs) != 1:
+                problems.append(f"{where}: the SGLang cell needs exactly one `python/sglang/srt/<file>:<line>`")
+                continue
+            rel, lineno = _R_SGLANG.fullmatch(refs[0]).groups()
+            names = index.get(rel, {}).get(int(lineno), set())
+            for symbol in [s for s in spans if s != refs[0]]:
+                if names and symbol not in names:
+                    problems.append(f"{where}: the index has {sorted(names)} at {rel}:{lineno}, not {symbol!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_concordance_page_is_generated():
+    text = (DOCS / "concordance.md").read_text(encoding="utf-8")
+    assert "<!-- concordance:generated -->" in text, "concordance.md lost the marker the mkdocs hook fills"
+    assert not list(concordance_tables("concordance.md")), "concordance.md must not hold tables by hand"
+
+
+def test_every_chapter_is_in_the_nav():
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    missing = [p for p in PAGES if f" {p}" not in nav]
+    assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
