@@ -65,5 +65,7 @@ def test_unknown_engine_argument(tiny_llama):
 
 
 def test_side_output_not_enabled(engine):
-    out = engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, return_hidden_states=True)
-    assert "enable_return_hidden_states" in out["meta_info"]["finish_reason"]["message"]
+    with pytest.raises(ValueError, match="enable_return_hidden_states"):
+        engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, return_hidden_states=True)
+    with pytest.raises(ValueError, match="enable_return_routed_experts"):
+        engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, return_routed_experts=True)

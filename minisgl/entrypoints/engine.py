@@ -58,6 +58,12 @@ class Engine:
         def per_req(value, i):
             return value[i] if isinstance(value, list) else value
 
+        # Refuse what the engine was not started for, before anything is queued (SGLang does the same).
+        if return_hidden_states and not self.server_args.enable_return_hidden_states:
+            raise ValueError("return_hidden_states needs the engine started with enable_return_hidden_states=True")
+        if return_routed_experts and not self.server_args.enable_return_routed_experts:
+            raise ValueError("return_routed_experts needs the engine started with enable_return_routed_experts=True")
+
         reqs = []
         for i in range(n):
             params = SamplingParams.from_dict(sampling_params[i] if isinstance(sampling_params, list) else sampling_params)

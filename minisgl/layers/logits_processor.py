@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl import tracing
 from minisgl.distributed.parallel_state import tensor_model_parallel_all_gather
 
 
@@ -61,6 +62,7 @@ class LogitsProcessor(nn.Module):
 
         capture = forward_batch.capture_hidden_mode
         if capture.need_capture():
+            tracing.point("LogitsProcessor.capture_hidden_states", mode=capture.name)
             output.hidden_states = hidden_states if capture.is_full() else pruned
 
         if forward_batch.return_logprob and mode.is_extend():

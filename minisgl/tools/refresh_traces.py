@@ -62,10 +62,32 @@ def attention_backend_triton(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep)]
 
 
+def side_outputs(workdir: str) -> list[dict]:
+    """C9: hidden states, routed experts and the expert recorder on a tiny Qwen3-MoE."""
+    engine = _engine(
+        _tiny("qwen3_moe", workdir),
+        enable_return_hidden_states=True,
+        enable_return_routed_experts=True,
+        expert_distribution_recorder_mode="stat",
+    )
+    engine.start_expert_distribution_record()
+    with tracing.record() as events:
+        engine.generate(
+            input_ids=PROMPTS[0],
+            sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
+            return_hidden_states=True,
+            return_routed_experts=True,
+            return_logprob=True,
+        )
+    keep = ("ModelRunner.forward", "ModelRunner.sample", "ExpertDistributionRecorder", "RoutedExpertsCapturer", "LogitsProcessor")
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
     "attention_backend_triton": attention_backend_triton,
+    "side_outputs": side_outputs,
 }
 
 

@@ -46,6 +46,7 @@ class _RoutedExpertsCapturerReal(RoutedExpertsCapturer):
         self._device_rows: dict[int, torch.Tensor] = {}
 
     def capture(self, layer_id: int, topk_ids: torch.Tensor) -> None:
+        tracing.point("RoutedExpertsCapturer.capture", layer_id=layer_id)
         self._device_rows[layer_id] = topk_ids  # [num_tokens, top_k]
 
     def on_forward_end(self, out_cache_loc: torch.Tensor) -> None:
@@ -57,6 +58,7 @@ class _RoutedExpertsCapturerReal(RoutedExpertsCapturer):
         self._device_rows.clear()
 
     def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:
+        tracing.point("RoutedExpertsCapturer.get_routed_experts", num_tokens=len(slots))
         return self.host_buffer[slots.cpu().long()].clone()  # [num_tokens, num_layers, top_k]
 
 
