@@ -82,7 +82,7 @@ def _check_parity(path: str, prompts: list[str], max_new_tokens: int, **engine_k
     assert allocator.available_size() == engine.scheduler.worker_info.max_total_num_tokens
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_parity_tiny(arch):
     _check_parity(tiny_model_dir(arch), PROMPTS, max_new_tokens=32)
 

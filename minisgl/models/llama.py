@@ -68,15 +68,20 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # What the Llama family varies per model: the attention class, Q/K/V bias, the MLP.
+    attention_cls: type[nn.Module] = LlamaAttention
     attention_bias = False
 
     def __init__(self, config, layer_id: int) -> None:
         super().__init__()
         bias = getattr(config, "attention_bias", self.attention_bias)
-        self.self_attn = LlamaAttention(config, layer_id, bias=bias)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.self_attn = self.attention_cls(config, layer_id, bias=bias)
+        self.mlp = self.make_mlp(config, layer_id)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def make_mlp(self, config, layer_id: int) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size)
 
     def forward(
         self, positions, hidden_states, forward_batch, residual: Optional[torch.Tensor]

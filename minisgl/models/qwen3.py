@@ -30,9 +30,7 @@ class Qwen3Attention(LlamaAttention):
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
-    def __init__(self, config, layer_id: int) -> None:
-        super().__init__(config, layer_id)
-        self.self_attn = Qwen3Attention(config, layer_id, bias=getattr(config, "attention_bias", False))
+    attention_cls = Qwen3Attention
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -21,16 +21,18 @@ from minisgl.models.qwen3 import Qwen3DecoderLayer
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self, config, layer_id: int) -> None:
+    """Router + experts. Mixtral's MoE block is the same computation (see mixtral.py)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool, layer_id: int) -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(
-            num_experts=config.num_experts,
-            top_k=config.num_experts_per_tok,
-            hidden_size=config.hidden_size,
-            intermediate_size=config.moe_intermediate_size,
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
             layer_id=layer_id,
-            renormalize=config.norm_topk_prob,
+            renormalize=renormalize,
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -39,25 +41,32 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 
 
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, config, layer_id: int) -> None:
-        super().__init__(config, layer_id)
+    def make_mlp(self, config, layer_id: int) -> nn.Module:
         is_sparse = layer_id not in getattr(config, "mlp_only_layers", []) and (
             (layer_id + 1) % getattr(config, "decoder_sparse_step", 1) == 0
         )
-        if is_sparse:
-            self.mlp = Qwen3MoeSparseMoeBlock(config, layer_id)
-        else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        if not is_sparse:
+            return LlamaMLP(config.hidden_size, config.intermediate_size)
+        return Qwen3MoeSparseMoeBlock(
+            config.hidden_size,
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.moe_intermediate_size,
+            config.norm_topk_prob,
+            layer_id,
+        )
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     decoder_layer_type = Qwen3MoeDecoderLayer
 
+    # Checkpoint names of each expert's gate, down and up projections.
+    expert_weight_names = {"gate": "gate_proj", "down": "down_proj", "up": "up_proj"}
+
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.expert_params_mapping = FusedMoE.make_expert_params_mapping(
-            config.num_experts, gate="gate_proj", down="down_proj", up="up_proj"
-        )
+        num_experts = getattr(config, "num_experts", None) or config.num_local_experts
+        self.expert_params_mapping = FusedMoE.make_expert_params_mapping(num_experts, **self.expert_weight_names)
 
     def _load_one(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[str]:
         for param_name, ckpt_name, expert_id, shard_id in self.expert_params_mapping:

@@ -10,7 +10,7 @@ import importlib
 
 from torch import nn
 
-_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
 
 
 def _load_registry() -> dict[str, type[nn.Module]]:
