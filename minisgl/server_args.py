@@ -38,6 +38,8 @@ class ServerArgs:
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
     chunked_prefill_size: Optional[int] = None
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
 
     # Kernels and graphs
     attention_backend: Optional[str] = None
@@ -94,6 +96,8 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
 

@@ -11,7 +11,12 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 def _assert_pool_full(engine: Engine) -> None:
     sched = engine.scheduler
-    assert sched.token_to_kv_pool_allocator.available_size() == sched.worker_info.max_total_num_tokens
+    allocator, cache = sched.token_to_kv_pool_allocator, sched.tree_cache
+    # Every slot is free or held, unlocked, by the radix cache; flushing the cache frees the rest.
+    assert allocator.available_size() + cache.total_size() == sched.worker_info.max_total_num_tokens
+    assert cache.protected_size() == 0 and cache.evictable_size() == cache.total_size()
+    assert sched.flush_cache()
+    assert allocator.available_size() == sched.worker_info.max_total_num_tokens
     assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
 
 
@@ -43,18 +48,21 @@ def test_retraction_keeps_outputs_and_frees_everything(tiny_llama, page_size):
 def test_abort_frees_slots_at_once(tiny_llama):
     engine = Engine(model_path=tiny_llama, max_total_tokens=256)
     sched = engine.scheduler
-    for rid in ("a", "b"):
+    for rid, ids in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
         sched.handle_generate_request(
-            TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=[1, 2, 3, 4], sampling_params=SamplingParams(max_new_tokens=50, ignore_eos=True))
+            TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=SamplingParams(max_new_tokens=50, ignore_eos=True))
         )
     for _ in range(4):
         sched.step()
-    used_before = 256 - sched.token_to_kv_pool_allocator.available_size()
+    def used():  # slots held by running requests (a finished request's KV may stay cached, unlocked)
+        return 256 - sched.token_to_kv_pool_allocator.available_size() - sched.tree_cache.evictable_size()
+
+    used_before = used()
     sched.abort_request("a")
     outputs = sched.step()
     aborted = [o for o in outputs if o.rid == "a"]
     assert aborted and aborted[0].meta_info["finish_reason"]["type"] == "abort"
-    used_after = 256 - sched.token_to_kv_pool_allocator.available_size()
+    used_after = used()
     assert used_after < used_before - 4  # a's prompt and outputs are back; b grew by one
     sched.abort_request("b")
     sched.step()

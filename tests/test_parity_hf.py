@@ -78,6 +78,7 @@ def _check_parity(path: str, prompts: list[str], max_new_tokens: int, **engine_k
         torch.testing.assert_close(captured[0][i], hf_logits, atol=1e-4, rtol=1e-4)
         hf_ids = hf_greedy(hf, ids, max_new_tokens)
         assert outs[i]["output_ids"] == hf_ids, f"prompt {i}: greedy tokens differ from HF"
+    assert engine.scheduler.flush_cache()
     allocator = engine.scheduler.token_to_kv_pool_allocator
     assert allocator.available_size() == engine.scheduler.worker_info.max_total_num_tokens
 

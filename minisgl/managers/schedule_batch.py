@@ -18,6 +18,7 @@ import torch
 
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import ReqToTokenPool
+from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 from minisgl.sampling.sampling_params import SamplingParams
@@ -87,13 +88,18 @@ class Req:
         self.output_ids: list[int] = []
         self.finished_reason: Optional[BaseFinishReason] = None
 
-        # KV ownership: req_to_token[req_pool_idx, :kv_len] are this request's slots.
+        # KV ownership: req_to_token[req_pool_idx, :kv_len] are the slots with computed KV;
+        # the first len(prefix_indices) of them belong to the radix cache (locked via last_node).
         self.req_pool_idx: Optional[int] = None
         self.kv_len = 0
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
         # The tokens this round must have KV for, and how many of them already do.
         self.fill_ids: list[int] = []
         self.prefix_len = 0
         self.extend_input_len = 0
+        self.is_chunked = False  # this round prefills only part of fill_ids
+        self.cached_tokens = 0  # prompt tokens served by the radix cache at admission
 
         # Side outputs.
         self.return_logprob = return_logprob
@@ -124,11 +130,27 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
-    def init_next_round_input(self) -> None:
-        """Everything known so far needs KV; what is already in the pool is the prefix."""
+    def init_next_round_input(self, tree_cache: RadixCache) -> None:
+        """Everything known so far needs KV; the prefix is what the pool already has:
+        this request's own earlier chunks, or else the longest match in the radix cache."""
         self.fill_ids = self.origin_input_ids + self.output_ids
-        self.prefix_len = self.kv_len
+        if self.kv_len == 0:
+            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids[: self._max_prefix_len()])
+        self.prefix_len = max(self.kv_len, len(self.prefix_indices))
         self.extend_input_len = len(self.fill_ids) - self.prefix_len
+
+    def _max_prefix_len(self) -> int:
+        # At least one token must run to produce logits; positions whose prompt logprobs or
+        # hidden states were asked for must run too (a cache hit would skip them).
+        limit = len(self.fill_ids) - 1
+        if self.return_hidden_states:
+            limit = 0
+        if self.return_logprob and self.num_retractions == 0:
+            limit = min(limit, self.logprob_start_len)
+        return max(limit, 0)
+
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len < len(self.origin_input_ids)
 
     def check_finished(self, tail_text: Optional[str] = None) -> None:
         """Set finished_reason if the last token ends the request (SGLang's order of checks)."""
@@ -183,12 +205,14 @@ class ScheduleBatch:
         reqs: list[Req],
         req_to_token_pool: ReqToTokenPool,
         token_to_kv_pool_allocator: TokenToKVPoolAllocator,
+        tree_cache: RadixCache,
         vocab_size: int,
         device: str,
     ) -> None:
         self.reqs = reqs
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.tree_cache = tree_cache
         self.vocab_size = vocab_size
         self.device = device
         self.forward_mode: Optional[ForwardMode] = None
@@ -196,8 +220,8 @@ class ScheduleBatch:
         self.out_cache_loc: Optional[torch.Tensor] = None
 
     @classmethod
-    def init_new(cls, reqs, req_to_token_pool, token_to_kv_pool_allocator, vocab_size, device) -> "ScheduleBatch":
-        return cls(reqs, req_to_token_pool, token_to_kv_pool_allocator, vocab_size, device)
+    def init_new(cls, reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device):
+        return cls(reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device)
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -209,7 +233,12 @@ class ScheduleBatch:
 
     def _alloc_token_slots(self, prefix_lens: list[int], seq_lens: list[int]) -> Optional[torch.Tensor]:
         allocator = self.token_to_kv_pool_allocator
-        if allocator.page_size == 1:
+        page = allocator.page_size
+        need = sum(-(-s // page) - -(-p // page) for p, s in zip(prefix_lens, seq_lens)) * page
+        if allocator.available_size() < need:
+            # Make room from cached prefixes nobody is using (LRU).
+            self.tree_cache.evict(need - allocator.available_size())
+        if page == 1:
             return allocator.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
         table = self.req_to_token_pool.req_to_token
         last_loc = [int(table[r.req_pool_idx, p - 1]) if p > 0 else -1 for r, p in zip(self.reqs, prefix_lens)]
@@ -230,6 +259,9 @@ class ScheduleBatch:
         assert slots is not None, "scheduler admitted more requests than req_to_token has rows"
         for req, slot in zip(needs_slot, slots):
             req.req_pool_idx = slot
+            # A fresh request starts from its cached prefix: those slots are the tree's.
+            self.req_to_token_pool.write((slot, slice(0, len(req.prefix_indices))), req.prefix_indices)
+            req.kv_len = len(req.prefix_indices)
         prefix_lens = [r.prefix_len for r in self.reqs]
         seq_lens = [len(r.fill_ids) for r in self.reqs]
         self.out_cache_loc = self._alloc_token_slots(prefix_lens, seq_lens)
@@ -247,7 +279,8 @@ class ScheduleBatch:
         return sum(page for r in self.reqs if r.kv_len % page == 0)
 
     def check_decode_mem(self) -> bool:
-        return self.token_to_kv_pool_allocator.available_size() >= self.new_tokens_required_next_decode()
+        free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+        return free >= self.new_tokens_required_next_decode()
 
     def prepare_for_decode(self) -> None:
         """One new token per request: its input is the last sampled token."""
@@ -260,12 +293,6 @@ class ScheduleBatch:
         self._write_req_to_token(prefix_lens, seq_lens)
         self.seq_lens = seq_lens
 
-    def release_req(self, req: Req) -> None:
-        """Return a request's KV slots and its req_to_token row."""
-        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].to(torch.int64)
-        self.token_to_kv_pool_allocator.free(slots)
-        self.req_to_token_pool.free(req.req_pool_idx)
-
     def retract_decode(self) -> list[Req]:
         """Free requests until the rest can decode; return the retracted ones (SGLang's order)."""
         # SGLang's victim order: fewest generated tokens first, then the longest prompt, so the
@@ -274,7 +301,8 @@ class ScheduleBatch:
         retracted = []
         while not self.check_decode_mem() and len(order) > 1:
             req = order.pop()
-            self.release_req(req)
+            # Its computed KV stays in the cache (evictable), so the re-prefill may hit it.
+            self.tree_cache.cache_finished_req(req)
             req.reset_for_retract()
             retracted.append(req)
             self.reqs = [r for r in self.reqs if r is not req]

@@ -25,8 +25,9 @@ from minisgl import tracing
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
 from minisgl.hf_transformers_utils import get_tokenizer
 from minisgl.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
-from minisgl.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
+from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 CLIP_MAX_NEW_TOKENS = 4096
+# SGLang's in-batch prefix check: a request whose first tokens equal those of a request
+# already admitted this round waits one round, so it can reuse that request's KV.
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
 
 
 class Scheduler:
@@ -52,6 +56,12 @@ class Scheduler:
             self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
                 server_args.tokenizer_path or self.model_config.model_path
             )
+        self.tree_cache = RadixCache(
+            self.req_to_token_pool,
+            self.token_to_kv_pool_allocator,
+            self.worker_info.page_size,
+            disable=server_args.disable_radix_cache,
+        )
         self.eos_token_ids = set(self.model_config.hf_eos_token_id)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -60,6 +70,9 @@ class Scheduler:
         self.last_batch: Optional[ScheduleBatch] = None
         self.outputs: list[ReqOutput] = []
         self.num_retracted_reqs = 0
+        # Prefix-cache statistics: prompt tokens seen, and how many were served from the cache.
+        self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._rid_to_req: dict[str, Req] = {}
 
@@ -68,6 +81,7 @@ class Scheduler:
             reqs,
             self.req_to_token_pool,
             self.token_to_kv_pool_allocator,
+            self.tree_cache,
             self.worker_info.vocab_size,
             self.worker_info.device,
         )
@@ -102,10 +116,6 @@ class Scheduler:
             req.finished_reason = FINISH_ABORT(error)
             self._emit(req, [])
             return
-        if params.max_new_tokens == 0:
-            req.finished_reason = FINISH_ABORT("max_new_tokens is 0")  # nothing to generate
-            self._emit(req, [])
-            return
         self._rid_to_req[req.rid] = req
         self.waiting_queue.append(req)
 
@@ -137,11 +147,10 @@ class Scheduler:
             return
         req.finished_reason = FINISH_ABORT("aborted by request")
         if req in self.waiting_queue:
-            self.waiting_queue.remove(req)
-            self._finish(req, release=False)
+            self.waiting_queue.remove(req)  # a chunked request waits here holding KV
         else:
             self.running_batch.filter_batch()
-            self._finish(req, release=True)
+        self._finish(req)
 
     # ---- choosing a batch ----------------------------------------------------------------
 
@@ -165,34 +174,69 @@ class Scheduler:
         if not self.waiting_queue:
             return None
         info = self.worker_info
-        allocator = self.token_to_kv_pool_allocator
         page = info.page_size
         running = self.running_batch.reqs
+        for req in self.waiting_queue:
+            req.init_next_round_input(self.tree_cache)
+        if self.server_args.schedule_policy == "lpm":
+            # Longest cached prefix first: the most reuse before the cache changes.
+            self.waiting_queue.sort(key=lambda r: -len(r.prefix_indices))
         # Room the running requests will still need for decoding.
         reserved = sum(self._decode_reservation(r) for r in running)
-        free_tokens = allocator.available_size() - reserved
+        free_tokens = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size() - reserved
         free_req_slots = self.req_to_token_pool.available_size()
+        chunk_budget = self.server_args.chunked_prefill_size
         can_run: list[Req] = []
+        admitted_prefixes: set[tuple[int, ...]] = set()
         prefill_tokens = 0
         for req in self.waiting_queue:
-            if len(running) + len(can_run) >= info.max_running_requests or len(can_run) >= free_req_slots:
+            if len(running) + len(can_run) >= info.max_running_requests:
                 break
-            req.init_next_round_input()
+            if req.req_pool_idx is None and free_req_slots == 0:
+                break
+            head = tuple(req.fill_ids[:IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD])
+            if (
+                not self.tree_cache.disable
+                and len(req.prefix_indices) < IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD
+                and head in admitted_prefixes
+            ):
+                continue
+            if chunk_budget is not None and not req.wants_prompt_logprobs():
+                room = (chunk_budget - prefill_tokens) // page * page
+                if room <= 0:
+                    break
+                if req.extend_input_len > room:
+                    # Chunked prefill: run the first `room` tokens now, the rest in later rounds.
+                    req.fill_ids = req.fill_ids[: req.prefix_len + room]
+                    req.extend_input_len = room
+                    req.is_chunked = True
             need = math.ceil(req.extend_input_len / page) * page
             # With nothing else running, the oldest request starts as soon as its prompt fits;
             # if its decode later outgrows the pool, update_running_batch ends it with a reason.
             if running or can_run:
                 need += self._decode_reservation(req)
             if need > free_tokens:
+                req.is_chunked = False
                 break
-            if can_run and prefill_tokens + req.extend_input_len > info.max_prefill_tokens:
+            if can_run and not req.is_chunked and prefill_tokens + req.extend_input_len > info.max_prefill_tokens:
                 break
+            if req.req_pool_idx is None:  # a new (or retracted) request: lock the prefix it will read
+                self.tree_cache.inc_lock_ref(req.last_node)
+                if req.num_retractions == 0:
+                    req.cached_tokens = len(req.prefix_indices)
+                    self.num_prompt_tokens += len(req.origin_input_ids)
+                    self.num_cached_tokens += req.cached_tokens
             can_run.append(req)
+            admitted_prefixes.add(head)
             free_tokens -= need
+            free_req_slots -= req.req_pool_idx is None
             prefill_tokens += req.extend_input_len
+            if req.is_chunked:
+                break  # a chunked request is the last of its batch
         if not can_run:
             return None
-        self.waiting_queue = self.waiting_queue[len(can_run) :]
+        admitted = set(map(id, can_run))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         batch = self._new_batch(can_run)
         batch.prepare_for_extend()
         return batch
@@ -212,7 +256,7 @@ class Scheduler:
                 # One request alone does not fit: it can never finish, so end it with a reason.
                 for req in batch.reqs:
                     req.finished_reason = FINISH_ABORT("the KV cache is too small for this request")
-                    self._finish(req, release=True)
+                    self._finish(req)
                 batch.filter_batch()
                 return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
@@ -229,23 +273,34 @@ class Scheduler:
         next_token_ids = result.next_token_ids.tolist()
         out = result.logits_output
         hidden_offset = 0
+        still_running = []
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_extend():
-                num_rows = batch.extend_lens[i]
                 self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i])
-                hidden_offset += num_rows
+                hidden_offset += batch.extend_lens[i]
+                if req.is_chunked:
+                    # Not the whole prompt yet: no token; publish the chunk and come back first.
+                    req.is_chunked = False
+                    self.tree_cache.cache_unfinished_req(req)
+                    self.waiting_queue.insert(0, req)
+                    continue
             elif out.hidden_states is not None and req.return_hidden_states:
                 req.hidden_states.append(out.hidden_states[i].tolist())
-            req.output_ids.append(next_token_ids[i])
-            if req.return_logprob:
-                self._record_output_logprobs(req, out, i)
-            req.check_finished(self._tail_text(req))
-            if req.finished():
-                self._finish(req, release=True)
+            if req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = FINISH_LENGTH(0)  # prefill only (e.g. to warm the cache)
             else:
-                self._emit(req, [next_token_ids[i]])
-        if batch.forward_mode.is_decode():
-            batch.filter_batch()
+                req.output_ids.append(next_token_ids[i])
+                if req.return_logprob:
+                    self._record_output_logprobs(req, out, i)
+                req.check_finished(self._tail_text(req))
+            if req.finished():
+                self._finish(req)
+                continue
+            if batch.forward_mode.is_extend():
+                self.tree_cache.cache_unfinished_req(req)
+            self._emit(req, [next_token_ids[i]])
+            still_running.append(req)
+        batch.reqs = still_running
 
     def _record_extend_side_outputs(self, req: Req, out, i: int, row_offset: int, prefix_len: int) -> None:
         if req.return_logprob and out.input_token_logprobs is not None:
@@ -279,12 +334,12 @@ class Scheduler:
         n = max(len(s) for s in stops) + 1
         return self.tokenizer.decode(req.output_ids[-n:])
 
-    def _finish(self, req: Req, release: bool) -> None:
-        if release and req.req_pool_idx is not None:
+    def _finish(self, req: Req) -> None:
+        if req.req_pool_idx is not None:
             if req.return_routed_experts:
                 slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len]
                 req.routed_experts = self.tp_worker.get_routed_experts(slots)
-            self.running_batch.release_req(req)
+            self.tree_cache.cache_finished_req(req)
             req.req_pool_idx = None
         self._rid_to_req.pop(req.rid, None)
         self._emit(req, [req.output_ids[-1]] if req.output_ids else [])
@@ -300,6 +355,7 @@ class Scheduler:
             "prompt_tokens": len(req.origin_input_ids),
             "completion_tokens": len(req.output_ids),
             "finish_reason": req.finished_reason.to_json(),
+            "cached_tokens": req.cached_tokens,
             "num_retractions": req.num_retractions,
         }
         if req.return_logprob:
@@ -321,6 +377,22 @@ class Scheduler:
         if req.return_routed_experts and req.routed_experts is not None:
             meta["routed_experts"] = req.routed_experts
         return meta
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; refused (False) while requests are in flight, as in SGLang."""
+        if not self.is_idle():
+            return False
+        return self.tree_cache.flush()
+
+    def get_cache_stats(self) -> dict:
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "cached_tokens": self.num_cached_tokens,
+            "hit_rate": self.num_cached_tokens / max(self.num_prompt_tokens, 1),
+            "evictable_tokens": self.tree_cache.evictable_size(),
+            "available_kv_tokens": self.token_to_kv_pool_allocator.available_size(),
+            "max_total_num_tokens": self.worker_info.max_total_num_tokens,
+        }
 
     def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
         recorder = get_global_expert_distribution_recorder()
