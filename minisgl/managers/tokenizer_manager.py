@@ -153,10 +153,14 @@ class _SchedulerCall:
     future: concurrent.futures.Future
 
 
-_SHUTDOWN = object()
+_SHUTDOWN = object()  # the last message the scheduler thread reads
 
 
 class TokenizerManager:
+    """Tokenizes and validates requests, feeds the scheduler thread, detokenizes its outputs.
+
+    Mirrors TokenizerManager in tokenizer_manager.py; see the module docstring for what differs."""
+
     def __init__(self, server_args: ServerArgs) -> None:
         self.server_args = server_args
         # Built here so that a bad model fails the caller; from the thread's start on,
@@ -327,19 +331,17 @@ class TokenizerManager:
     def _process_output(self, req: TokenizedGenerateReqInput, status: DecodeStatus, out: ReqOutput) -> dict:
         finish_reason = out.meta_info["finish_reason"] if out.finished else None
         text = status.update(out.new_output_ids, finish_reason)
-        if out.finished:
-            meta = out.meta_info
-        else:
-            meta = {
-                "id": req.rid,
-                "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(status.decode_ids),
-                "finish_reason": None,
-            }
-            if status.matched_stop is not None:
-                # The scheduler checks stop strings on a window of trailing tokens, which a
-                # multi-byte stop string can outrun; the text has it, so the request ends here.
-                meta["finish_reason"] = {"type": "stop", "matched": status.matched_stop}
+        meta = out.meta_info if out.finished else {
+            "id": req.rid,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(status.decode_ids),
+            "finish_reason": None,
+        }
+        if status.matched_stop is not None and (meta["finish_reason"] or {}).get("matched") != status.matched_stop:
+            # The scheduler checks stop strings on a window of trailing tokens, which a
+            # multi-byte stop string can outrun; the text has one, so the request ends here.
+            meta = {**meta, "finish_reason": {"type": "stop", "matched": status.matched_stop}}
+            if not out.finished:
                 self.abort_request(req.rid)
         return {"text": text, "output_ids": list(out.new_output_ids), "meta_info": meta}
 
@@ -439,8 +441,8 @@ class TokenizerManager:
     # ---- control calls -------------------------------------------------------------------
 
     async def flush_cache(self) -> bool:
-        # Scheduler.flush_cache comes with the radix cache; without one there is nothing to flush.
-        return await self._call_scheduler(lambda s: s.flush_cache() if hasattr(s, "flush_cache") else True)
+        """Empty the radix cache; False while requests are in flight (SGLang's rule)."""
+        return await self._call_scheduler(Scheduler.flush_cache)
 
     async def start_expert_distribution_record(self) -> None:
         await self._call_scheduler(lambda s: s.expert_distribution_handle("start"))
@@ -452,7 +454,7 @@ class TokenizerManager:
         return await self._call_scheduler(lambda s: s.expert_distribution_handle("dump"))
 
     async def get_internal_state(self) -> dict:
-        """KV-pool and queue accounting, read on the scheduler thread between steps."""
+        """KV-pool, radix-cache and queue accounting, read on the scheduler thread between steps."""
         return await self._call_scheduler(_internal_state)
 
     def is_healthy(self) -> bool:
@@ -468,9 +470,10 @@ class TokenizerManager:
 
 
 def _internal_state(scheduler: Scheduler) -> dict:
+    # Finished requests leave their KV in the radix cache (evictable_tokens): the pool is
+    # whole again, available_kv_tokens == max_total_num_tokens, only after flush_cache.
     return {
-        "max_total_num_tokens": scheduler.worker_info.max_total_num_tokens,
-        "available_kv_tokens": scheduler.token_to_kv_pool_allocator.available_size(),
+        **scheduler.get_cache_stats(),
         "num_running_reqs": len(scheduler.running_batch.reqs),
         "num_waiting_reqs": len(scheduler.waiting_queue),
         "num_retracted_reqs": scheduler.num_retracted_reqs,

@@ -1,11 +1,20 @@
-"""Attention over the paged KV pool in plain PyTorch, one request at a time.
+"""Attention over the paged KV pool in plain PyTorch.
 
-Mirrors python/sglang/srt/layers/attention/torch_native_backend.py: gather each
-request's K/V through ``req_to_token`` and call ``scaled_dot_product_attention``.
-It is the reference the Triton backend is tested against, and the CPU default.
+Mirrors python/sglang/srt/layers/attention/torch_native_backend.py: gather K/V
+through ``req_to_token`` and call ``scaled_dot_product_attention``. It is the
+reference the Triton backend is tested against, and the CPU default.
+
+SGLang's version loops over requests in both modes. minisgl batches decode:
+``init_forward_metadata`` builds, once per forward, a [bs, max_seq_len] slot
+table and a padding mask, so each layer's decode attention is one gather and
+one SDPA call however many requests run. Extend keeps the per-request loop:
+prompts differ in length and SDPA's causal kernel wants dense, unpadded rows.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -13,40 +22,65 @@ import torch.nn.functional as F
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 
 
+@dataclasses.dataclass
+class DecodeMetadata:
+    slots: torch.Tensor  # [bs, max_seq_len] KV slot of every position (padding reads slot 0)
+    mask: torch.Tensor  # [bs, 1, 1, max_seq_len] True where a position is real
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, model_runner) -> None:
         self.device = model_runner.device
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.decode_metadata: Optional[DecodeMetadata] = None
 
     def init_forward_metadata(self, forward_batch) -> None:
-        # Everything this backend needs is already on the ForwardBatch.
-        pass
+        if not forward_batch.forward_mode.is_decode():
+            return  # extend reads what it needs from the ForwardBatch
+        max_len = max(forward_batch.seq_lens_cpu)
+        positions = torch.arange(max_len, device=self.device)
+        real = positions[None, :] < forward_batch.seq_lens[:, None]  # [bs, max_len]
+        slots = self.req_to_token[forward_batch.req_pool_indices, :max_len].masked_fill(~real, 0)
+        self.decode_metadata = DecodeMetadata(slots=slots.long(), mask=real[:, None, None, :])
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         if save_kv_cache:
             self._save_kv(k, v, layer, forward_batch)
         q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)  # [num_tokens, heads, head_dim]
         out = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         start = 0
         for i in range(forward_batch.batch_size):
             extend_len = forward_batch.extend_seq_lens_cpu[i]
             prefix_len = forward_batch.extend_prefix_lens_cpu[i]
             seq_len = prefix_len + extend_len
-            keys, values = self._gather_kv(layer, forward_batch, i, seq_len)
-            # New token j sits at absolute position prefix_len + j and sees keys 0..prefix_len + j.
-            mask = torch.ones(extend_len, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix_len)
-            out[start : start + extend_len] = self._sdpa(q[start : start + extend_len], keys, values, mask, layer)
+            slots = self.req_to_token[forward_batch.req_pool_indices_cpu[i], :seq_len]
+            # [heads, tokens, head_dim]: the layout SDPA wants
+            qi = q[start : start + extend_len].transpose(0, 1)
+            ki, vi = k_buf[slots].transpose(0, 1).to(q.dtype), v_buf[slots].transpose(0, 1).to(q.dtype)
+            if prefix_len == 0:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
+            else:
+                # New token j sits at absolute position prefix_len + j and sees keys 0..prefix_len + j.
+                mask = torch.ones(extend_len, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix_len)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scaling, enable_gqa=True)
+            out[start : start + extend_len] = o.transpose(0, 1)
             start += extend_len
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         if save_kv_cache:
             self._save_kv(k, v, layer, forward_batch)
-        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)  # [batch_size, heads, head_dim]
-        out = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
-        for i in range(forward_batch.batch_size):
-            keys, values = self._gather_kv(layer, forward_batch, i, forward_batch.seq_lens_cpu[i])
-            out[i : i + 1] = self._sdpa(q[i : i + 1], keys, values, None, layer)
-        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+        md = self.decode_metadata
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        # [bs, heads, 1, head_dim] queries against [bs, kv_heads, max_len, head_dim] keys
+        q = q.view(-1, layer.tp_q_head_num, 1, layer.qk_head_dim)
+        keys = k_buf[md.slots].transpose(1, 2).to(q.dtype)
+        values = v_buf[md.slots].transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=md.mask, scale=layer.scaling, enable_gqa=True
+        )
+        return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     @staticmethod
     def _save_kv(k, v, layer, forward_batch) -> None:
@@ -56,23 +90,3 @@ class TorchNativeAttnBackend(AttentionBackend):
             k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
             v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
         )
-
-    @staticmethod
-    def _gather_kv(layer, forward_batch, i: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        req_pool_idx = forward_batch.req_pool_indices_cpu[i]
-        slots = forward_batch.req_to_token_pool.req_to_token[req_pool_idx, :seq_len]
-        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        return k_buf[slots], v_buf[slots]  # [seq_len, kv_heads, head_dim]
-
-    @staticmethod
-    def _sdpa(q, keys, values, mask, layer) -> torch.Tensor:
-        # SDPA wants [heads, tokens, head_dim]; enable_gqa broadcasts each KV head over its group.
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys.transpose(0, 1).to(q.dtype),
-            values.transpose(0, 1).to(q.dtype),
-            attn_mask=mask,
-            scale=layer.scaling,
-            enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-        )
-        return out.transpose(0, 1)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: protocol models and the completions / chat handlers."""

@@ -1,0 +1,157 @@
+"""OpenAIServingBase: what the completions and chat handlers share: checks, errors, streaming.
+
+Mirrors python/sglang/srt/entrypoints/openai/serving_base.py (handle_request,
+_validate_request, _convert_to_internal_request, _handle_streaming_request,
+_handle_non_streaming_request, create_error_response). A subclass turns its
+OpenAI request into a GenerateReqInput and the TokenizerManager's results back
+into OpenAI responses. Omitted: LoRA adapters named in ``model``, routing keys,
+custom labels, request-id prefixes from headers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from http import HTTPStatus
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from minisgl.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
+from minisgl.managers.tokenizer_manager import GenerateReqInput, TokenizerManager
+
+
+def error_body(message: str, status_code: int) -> ErrorResponse:
+    if status_code == HTTPStatus.UNAUTHORIZED:
+        error_type = "authentication_error"
+    else:
+        error_type = "invalid_request_error" if status_code < 500 else "server_error"
+    return ErrorResponse(error=ErrorInfo(message=message, type=error_type, code=int(status_code)))
+
+
+def create_error_response(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> JSONResponse:
+    """OpenAI's error body with a 4xx/5xx status; the openai client raises it as e.g. BadRequestError."""
+    return JSONResponse(error_body(message, status_code).model_dump(), status_code=int(status_code))
+
+
+class OpenAIServingBase:
+    """One OpenAI endpoint over the TokenizerManager: model check, validation, stream or not."""
+
+    def __init__(self, tokenizer_manager: TokenizerManager, served_model_name: str) -> None:
+        self.tokenizer_manager = tokenizer_manager
+        self.tokenizer = tokenizer_manager.tokenizer
+        self.served_model_name = served_model_name
+
+    async def handle_request(self, request: SamplingFields, raw_request: Request) -> Response:
+        if request.model != self.served_model_name:
+            return create_error_response(f"The model `{request.model}` does not exist.", HTTPStatus.NOT_FOUND)
+        error = self._validate_request(request)
+        if error is not None:
+            return create_error_response(error)
+        try:
+            adapted = self._convert_to_internal_request(request)
+        except ValueError as e:
+            return create_error_response(str(e))
+        adapted.rid = uuid.uuid4().hex
+        if request.stream:
+            return await self._handle_streaming_request(adapted, request, raw_request)
+        return await self._handle_non_streaming_request(adapted, request, raw_request)
+
+    async def _handle_non_streaming_request(self, adapted: GenerateReqInput, request, raw_request: Request) -> Response:
+        try:
+            ret = await anext(self.tokenizer_manager.generate_request(adapted, raw_request))
+        except ValueError as e:
+            return create_error_response(str(e))
+        response = self._build_response(request, adapted.rid, ret if isinstance(ret, list) else [ret])
+        return JSONResponse(response.model_dump())
+
+    async def _handle_streaming_request(self, adapted: GenerateReqInput, request, raw_request: Request) -> Response:
+        stream = self.tokenizer_manager.generate_request(adapted, raw_request)
+        try:
+            # Validation runs before the first chunk: a bad request gets a 400, not a broken stream.
+            first = await anext(stream)
+        except ValueError as e:
+            return create_error_response(str(e))
+
+        async def chunks() -> AsyncIterator[dict]:
+            yield first
+            async for chunk in stream:
+                yield chunk
+
+        async def sse() -> AsyncIterator[str]:
+            try:
+                async for event in self._generate_stream(request, adapted.rid, chunks()):
+                    yield f"data: {event.model_dump_json()}\n\n"
+            except Exception as e:
+                # The status line has gone out; the error can only travel in the stream (SGLang's way).
+                yield f"data: {error_body(str(e), HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json()}\n\n"
+            finally:
+                # Closing the TokenizerManager's generator aborts whatever has not finished,
+                # which is how a client that hangs up frees its KV.
+                await stream.aclose()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    # ---- what subclasses provide -----------------------------------------------------------
+
+    def _validate_request(self, request) -> Optional[str]:
+        """An error message for values the OpenAI API forbids, or None."""
+        raise NotImplementedError
+
+    def _convert_to_internal_request(self, request) -> GenerateReqInput:
+        raise NotImplementedError
+
+    def _build_response(self, request, rid: str, rets: list[dict]) -> BaseModel:
+        raise NotImplementedError
+
+    def _generate_stream(self, request, rid: str, chunks: AsyncIterator[dict]) -> AsyncIterator[BaseModel]:
+        raise NotImplementedError
+
+    # ---- shared helpers --------------------------------------------------------------------
+
+    @staticmethod
+    def _build_sampling_params(request: SamplingFields, temperature: float, max_new_tokens: Optional[int]) -> dict:
+        return {
+            "temperature": temperature,
+            "max_new_tokens": max_new_tokens,
+            "top_p": request.top_p,
+            "top_k": request.top_k,
+            "min_p": request.min_p,
+            "frequency_penalty": request.frequency_penalty,
+            "presence_penalty": request.presence_penalty,
+            "repetition_penalty": request.repetition_penalty,
+            "stop": request.stop,
+            "stop_token_ids": request.stop_token_ids,
+            "ignore_eos": request.ignore_eos,
+            "skip_special_tokens": request.skip_special_tokens,
+            "logit_bias": request.logit_bias,
+            "seed": request.seed,
+            "n": request.n,
+        }
+
+    @staticmethod
+    def _validate_max_tokens(value: Optional[int], name: str) -> Optional[str]:
+        if value is not None and value < 1:
+            return f"{name} must be at least 1, got {value}"
+        return None
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def finish_reason_fields(finish_reason: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """SGLang's finish_reason dict -> OpenAI's "stop" | "length" (| "abort"), plus the matched stop."""
+    if finish_reason is None:
+        return {"finish_reason": None, "matched_stop": None}
+    return {"finish_reason": finish_reason["type"], "matched_stop": finish_reason.get("matched")}
+
+
+def usage_of(metas: list[dict], n: int) -> UsageInfo:
+    """Token counts over all choices; a prompt sampled n times is counted once, as OpenAI does."""
+    prompt_tokens = sum(m["prompt_tokens"] for i, m in enumerate(metas) if i % n == 0)
+    completion_tokens = sum(m["completion_tokens"] for m in metas)
+    return UsageInfo(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )

@@ -1,0 +1,37 @@
+"""Start the HTTP server: ``python -m minisgl.launch_server --model-path DIR --port 30000``.
+
+Mirrors python/sglang/launch_server.py. SGLang's ServerArgs also carries host,
+port and api_key; minisgl's ServerArgs describes only the engine, so the HTTP
+flags are added here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from minisgl.entrypoints.http_server import launch_server
+from minisgl.server_args import ServerArgs
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description="minisgl OpenAI-compatible HTTP server")
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; the default keeps the server local")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health"
+    )
+    parser.add_argument("--served-model-name", default=None, help="the model name clients pass (default: --model-path)")
+    args = parser.parse_args(argv)
+    launch_server(
+        ServerArgs.from_cli_args(args),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+    )
+
+
+if __name__ == "__main__":
+    main()
