@@ -24,6 +24,18 @@ from minisgl.distributed.parallel_state import (
 )
 
 
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x W^T + b, on the fastest dense path of the device.
+
+    SGLang's UnquantizedLinearMethod.apply likewise takes a CPU-specific kernel when it can.
+    On CPU, F.linear goes through MKL's sgemm, which measured about half of oneDNN's rate
+    on these machines (shared/DESIGN.md); oneDNN's linear takes the plain weight, no repacking.
+    """
+    if x.is_cpu and x.dim() == 2 and torch.backends.mkldnn.is_available():
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 class LinearBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
@@ -45,7 +57,7 @@ class ReplicatedLinear(LinearBase):
     """Every rank holds the whole weight (routers, small projections)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return apply_linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -62,7 +74,7 @@ class ColumnParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(0, self.tp_rank * shard, shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = apply_linear(x, self.weight, self.bias)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -130,7 +142,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * shard, shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = apply_linear(x, self.weight)
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         return y + self.bias if self.bias is not None else y

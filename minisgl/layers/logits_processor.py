@@ -15,11 +15,11 @@ import dataclasses
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl import tracing
 from minisgl.distributed.parallel_state import tensor_model_parallel_all_gather
+from minisgl.layers.linear import apply_linear
 
 
 @dataclasses.dataclass
@@ -70,7 +70,7 @@ class LogitsProcessor(nn.Module):
         return output
 
     def _get_logits(self, hidden_states: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = F.linear(hidden_states, lm_head.weight)
+        logits = apply_linear(hidden_states, lm_head.weight)
         logits = tensor_model_parallel_all_gather(logits)
         return logits[:, : self.vocab_size]
 

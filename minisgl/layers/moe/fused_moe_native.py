@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minisgl.layers.linear import apply_linear
+
 
 def fused_experts_native(
     hidden_states: torch.Tensor,  # [T, H]
@@ -20,7 +22,7 @@ def fused_experts_native(
     out = torch.zeros_like(hidden_states)
     for expert in torch.unique(topk_ids).tolist():
         token_idx, slot = torch.where(topk_ids == expert)
-        gate, up = F.linear(hidden_states[token_idx], w13[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])
+        gate, up = apply_linear(hidden_states[token_idx], w13[expert]).chunk(2, dim=-1)
+        y = apply_linear(F.silu(gate) * up, w2[expert])
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
     return out
