@@ -116,19 +116,20 @@ class TritonAttnBackend(AttentionBackend):
         self.cuda_graph_num_kv_splits[:bs].copy_(get_num_kv_splits(seq_lens[:bs], self.max_kv_splits))
         self.init_forward_metadata_capture_cuda_graph(bs)
 
-    def _store(self, k, v, layer, forward_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prologue(self, q, k, v, layer, forward_batch, save_kv_cache: bool):
+        """Shared by both modes: write the new K/V into the pool, shape q, allocate the output."""
         k = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         v = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        return k, v, k_buf, v_buf
-
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        k, v, k_buf, v_buf = self._store(k, v, layer, forward_batch)
         if save_kv_cache:
             store_kv_cache(k_buf, v_buf, forward_batch.out_cache_loc, k, v)
-        md = self.forward_metadata
         q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         o = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
+        return q, k, v, o, k_buf, v_buf
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        q, k, v, o, k_buf, v_buf = self._prologue(q, k, v, layer, forward_batch, save_kv_cache)
+        md = self.forward_metadata
         extend_attention_fwd(
             q, k, v, o, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices,
             md.max_extend_len, layer.scaling, layer.logit_cap,
@@ -136,12 +137,8 @@ class TritonAttnBackend(AttentionBackend):
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        k, v, k_buf, v_buf = self._store(k, v, layer, forward_batch)
-        if save_kv_cache:
-            store_kv_cache(k_buf, v_buf, forward_batch.out_cache_loc, k, v)
+        q, _, _, o, k_buf, v_buf = self._prologue(q, k, v, layer, forward_batch, save_kv_cache)
         md = self.forward_metadata
-        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        o = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
         decode_attention_fwd(
             q, k_buf, v_buf, o, md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse,
             md.num_kv_splits, self.max_kv_splits, layer.scaling, layer.logit_cap,
