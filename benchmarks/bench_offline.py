@@ -48,13 +48,65 @@ def bench_minisgl(path, workload, dtype, **engine_kwargs):
     startup = time.perf_counter() - start
     prompts = [p for p, _ in workload]
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
+    overhead = _instrument_decode_overhead(engine)
     start = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
     elapsed = time.perf_counter() - start
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert tokens == sum(n for _, n in workload)
     engine.shutdown()
-    return {"tok_s": tokens / elapsed, "startup_s": startup, "seconds": elapsed, "outputs": [o["output_ids"] for o in outs]}
+    return {
+        "tok_s": tokens / elapsed,
+        "startup_s": startup,
+        "seconds": elapsed,
+        "overhead": overhead.summary(),
+        "outputs": [o["output_ids"] for o in outs],
+    }
+
+
+class _DecodeOverhead:
+    """Times whole scheduler steps and the model forward inside them, for decode batches of
+    at least `min_bs` requests: engine overhead = 1 - forward / step."""
+
+    def __init__(self, min_bs: int = 32) -> None:
+        self.min_bs, self.step_s, self.forward_s, self.steps = min_bs, 0.0, 0.0, 0
+        self._forward_this_step = 0.0
+        self._big_decode = False
+
+    def summary(self) -> str:
+        if not self.steps:
+            return f"no decode step with >= {self.min_bs} requests"
+        share = 1 - self.forward_s / self.step_s
+        return (f"{self.steps} decode steps with >= {self.min_bs} requests: "
+                f"{1e3 * self.step_s / self.steps:.1f} ms/step, model forward {1e3 * self.forward_s / self.steps:.1f} ms, "
+                f"engine overhead {100 * share:.1f}%")
+
+
+def _instrument_decode_overhead(engine) -> _DecodeOverhead:
+    """Wrap the scheduler's step and the worker's model_runner.forward with timers (benchmark only)."""
+    stats = _DecodeOverhead()
+    scheduler, runner = engine.scheduler, engine.scheduler.tp_worker.model_runner
+    step, forward = scheduler.step, runner.forward
+
+    def timed_forward(forward_batch):
+        start = time.perf_counter()
+        out = forward(forward_batch)
+        stats._forward_this_step = time.perf_counter() - start
+        stats._big_decode = forward_batch.forward_mode.is_decode() and forward_batch.batch_size >= stats.min_bs
+        return out
+
+    def timed_step():
+        stats._big_decode = False
+        start = time.perf_counter()
+        out = step()
+        if stats._big_decode:
+            stats.step_s += time.perf_counter() - start
+            stats.forward_s += stats._forward_this_step
+            stats.steps += 1
+        return out
+
+    scheduler.step, runner.forward = timed_step, timed_forward
+    return stats
 
 
 def _hf_model(path, dtype):
@@ -123,6 +175,7 @@ def main() -> None:
     ours = bench_minisgl(path, workload, args.dtype, max_total_tokens=args.max_total_tokens)
     print(f"minisgl               {ours['tok_s']:8.1f} tok/s   startup {ours['startup_s']:.1f}s   "
           f"peak RSS {peak_rss_mb():.0f} MB")
+    print(f"  {ours['overhead']}")
     gc.collect()
 
     start = time.perf_counter()
