@@ -57,7 +57,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             slots = self.req_to_token[forward_batch.req_pool_indices_cpu[i], :seq_len]
             # [heads, tokens, head_dim]: the layout SDPA wants
             qi = q[start : start + extend_len].transpose(0, 1)
-            ki, vi = k_buf[slots].transpose(0, 1).to(q.dtype), v_buf[slots].transpose(0, 1).to(q.dtype)
+            ki, vi = _gather(k_buf, slots).transpose(0, 1).to(q.dtype), _gather(v_buf, slots).transpose(0, 1).to(q.dtype)
             if prefix_len == 0:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
@@ -73,13 +73,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             self._save_kv(k, v, layer, forward_batch)
         md = self.decode_metadata
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        # [bs, heads, 1, head_dim] queries against [bs, kv_heads, max_len, head_dim] keys
-        q = q.view(-1, layer.tp_q_head_num, 1, layer.qk_head_dim)
-        keys = k_buf[md.slots].transpose(1, 2).to(q.dtype)
-        values = v_buf[md.slots].transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=md.mask, scale=layer.scaling, enable_gqa=True
-        )
+        # The query heads sharing a KV head become that head's query rows: [bs, kv_heads, group, head_dim]
+        # against [bs, kv_heads, max_len, head_dim], so no KV head is ever copied per query head.
+        q = q.view(-1, layer.tp_k_head_num, layer.tp_q_head_num // layer.tp_k_head_num, layer.qk_head_dim)
+        keys = _gather(k_buf, md.slots).transpose(1, 2).to(q.dtype)
+        values = _gather(v_buf, md.slots).transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=md.mask, scale=layer.scaling)
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     @staticmethod
@@ -90,3 +89,13 @@ class TorchNativeAttnBackend(AttentionBackend):
             k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
             v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
         )
+
+
+def _gather(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """buffer[slots] for a [num_slots, heads, head_dim] pool: slots.shape + [heads, head_dim].
+
+    Written as an embedding lookup of flattened rows, which copies whole rows and measured
+    several times faster on CPU than advanced indexing of the 3-D buffer.
+    """
+    rows = F.embedding(slots, buffer.view(buffer.shape[0], -1))
+    return rows.view(*slots.shape, *buffer.shape[1:])
