@@ -145,3 +145,29 @@ def test_off_means_no_capture_and_no_copy():
     fresh, _ = fresh_and_golden("model_runner_forward_sample")
     names = {e["event"] for e in fresh}
     assert not names & {"LogitsProcessor.capture_hidden_states", "RoutedExpertsCapturer.on_forward_end", "RoutedExpertsCapturer.capture"}
+
+
+@pytest.mark.parametrize("mode", ["per_pass", "per_token"])
+def test_recorder_modes_agree_with_stat(mode, tmp_path):
+    from minisgl.eplb.expert_distribution import expert_load
+
+    path = tiny_model_dir("qwen3_moe")
+    loads = {}
+    for m in ("stat", mode):
+        engine = Engine(model_path=path, max_total_tokens=512, expert_distribution_recorder_mode=m)
+        engine.start_expert_distribution_record()
+        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}, show_progress=False)
+        engine.stop_expert_distribution_record()
+        dump = engine.dump_expert_distribution_record(str(tmp_path / f"{m}.pt"))
+        assert torch.load(tmp_path / f"{m}.pt")["mode"] == m  # the documented file format
+        loads[m] = expert_load(dump)
+    assert torch.equal(loads["stat"], loads[mode])
+    if mode == "per_pass":
+        assert len(dump["per_pass"]) == 3  # one prefill, two decodes
+    else:
+        assert dump["per_token"][0]["topk_ids"].shape == (2, sum(map(len, PROMPTS)), 2)  # [layers, tokens, top_k]
+
+
+def test_recorder_off_refuses_clearly(llama_engine):
+    with pytest.raises(RuntimeError, match="expert_distribution_recorder_mode"):
+        llama_engine.start_expert_distribution_record()

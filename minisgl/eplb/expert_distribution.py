@@ -130,6 +130,38 @@ class _ExpertDistributionRecorderReal(ExpertDistributionRecorder):
         return dump
 
 
+def expert_load(dump: dict) -> torch.Tensor:
+    """[num_layers, num_experts] times each expert was chosen, from a dump of any mode."""
+    if dump["mode"] == "stat":
+        return dump["stat"]
+    if dump["mode"] == "per_pass":
+        return sum((p["counts"] for p in dump["per_pass"]), torch.zeros(dump["num_layers"], dump["num_experts"], dtype=torch.int64))
+    load = torch.zeros(dump["num_layers"], dump["num_experts"], dtype=torch.int64)
+    for p in dump["per_token"]:
+        for layer, ids in enumerate(p["topk_ids"]):
+            load[layer] += torch.bincount(ids.flatten(), minlength=dump["num_experts"])
+    return load
+
+
+def plot_expert_load(dump: dict, ax=None):
+    """Heat map of expert_load(dump): layers down, experts across (needs matplotlib)."""
+    import matplotlib.pyplot as plt
+
+    load = expert_load(dump)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 0.55 * load.shape[1], 1 + 0.45 * load.shape[0]))
+    image = ax.imshow(load.numpy(), cmap="viridis", aspect="auto")
+    if load.numel() <= 256:  # numbers in the cells, while they fit
+        for layer in range(load.shape[0]):
+            for expert in range(load.shape[1]):
+                ax.text(expert, layer, int(load[layer, expert]), ha="center", va="center", color="white", fontsize=8)
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_title(f"expert load (recorder mode {dump['mode']}): times each expert was chosen")
+    ax.figure.colorbar(image, ax=ax, label="times chosen")
+    return ax
+
+
 _global_recorder = ExpertDistributionRecorder()
 
 
