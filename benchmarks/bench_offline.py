@@ -157,7 +157,10 @@ def main() -> None:
     parser.add_argument("--hf-one-at-a-time", type=int, default=8, help="requests for the HF one-at-a-time baseline (0: skip)")
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from minisgl.model_loader.gguf import resolve_model_path
 
