@@ -11,6 +11,7 @@ import argparse
 from typing import Optional
 
 from minisgl.entrypoints.http_server import launch_server
+from minisgl.managers.scheduler_client import run_nonzero_rank_node
 from minisgl.server_args import ServerArgs
 
 
@@ -24,8 +25,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--served-model-name", default=None, help="the model name clients pass (default: --model-path)")
     args = parser.parse_args(argv)
+    server_args = ServerArgs.from_cli_args(args)
+    if server_args.node_rank >= 1:
+        # As in SGLang: a node other than node 0 serves no HTTP, only its ranks of the TP group.
+        run_nonzero_rank_node(server_args)
+        return
     launch_server(
-        ServerArgs.from_cli_args(args),
+        server_args,
         host=args.host,
         port=args.port,
         api_key=args.api_key,

@@ -53,7 +53,19 @@ class ServerArgs:
 
     # Parallelism and speculation
     tp_size: int = 1
+    # Multi-node TP, with SGLang's meaning: nnodes machines each run tp_size // nnodes ranks,
+    # this one runs ranks [node_rank * that, (node_rank + 1) * that); rank 0 (on node 0)
+    # listens on dist_init_addr (host:port). One node picks a free 127.0.0.1 port if unset.
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+    # Speculative decoding (SGLang's flags). STANDALONE: a separate small draft model proposes
+    # speculative_num_steps tokens one at a time; the target verifies them together with the
+    # last token, speculative_num_draft_tokens (= steps + 1, a chain) positions per request.
+    speculative_algorithm: Optional[str] = None
     speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
 
     # Misc
     random_seed: int = 0
@@ -64,6 +76,7 @@ class ServerArgs:
         self._handle_device()
         self._handle_attention_backend()
         self._handle_memory()
+        self._handle_speculative_decoding()
         self._check()
 
     def _handle_device(self) -> None:
@@ -85,6 +98,31 @@ class ServerArgs:
             # On a CPU the "device memory" is the host's RAM, shared with everything else.
             self.mem_fraction_static = 0.88 if self.device.startswith("cuda") else 0.1
 
+    def _handle_speculative_decoding(self) -> None:
+        if self.speculative_algorithm is None:
+            return
+        if self.speculative_algorithm.upper() != "STANDALONE":
+            raise ValueError(f"speculative_algorithm must be STANDALONE, got {self.speculative_algorithm!r}")
+        self.speculative_algorithm = "STANDALONE"
+        if self.speculative_draft_model_path is None:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        if self.speculative_num_steps is None:
+            draft_tokens = self.speculative_num_draft_tokens
+            self.speculative_num_steps = 3 if draft_tokens is None else draft_tokens - 1
+        if self.speculative_num_steps < 1:
+            raise ValueError("speculative_num_steps must be >= 1")
+        # SGLang's rule for a chain (topk 1): one draft token per step, plus the last verified token.
+        if self.speculative_num_draft_tokens not in (None, self.speculative_num_steps + 1):
+            raise ValueError(
+                f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {self.speculative_num_steps + 1} "
+                "(minisgl drafts a chain, not a tree)"
+            )
+        self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+        if self.page_size != 1:
+            raise ValueError("speculative decoding needs page_size 1: rejected drafts free single slots")
+        if self.enable_return_routed_experts or self.expert_distribution_recorder_mode:
+            raise ValueError("speculative decoding does not record experts: the draft would replace the target's hooks")
+
     def _check(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -100,6 +138,12 @@ class ServerArgs:
             raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
+        if self.nnodes < 1 or self.tp_size % self.nnodes != 0:
+            raise ValueError(f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ValueError("nnodes > 1 needs dist_init_addr, the host:port of node 0")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -168,6 +168,8 @@ def test_recorder_modes_agree_with_stat(mode, tmp_path):
         assert dump["per_token"][0]["topk_ids"].shape == (2, sum(map(len, PROMPTS)), 2)  # [layers, tokens, top_k]
 
 
-def test_recorder_off_refuses_clearly(llama_engine):
+def test_recorder_off_refuses_clearly():
+    # The recorder is process-global, as in SGLang: the newest engine's setting is the one in force.
+    engine = Engine(model_path=tiny_model_dir("qwen3_moe"), max_total_tokens=128)
     with pytest.raises(RuntimeError, match="expert_distribution_recorder_mode"):
-        llama_engine.start_expert_distribution_record()
+        engine.start_expert_distribution_record()

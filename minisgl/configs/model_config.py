@@ -107,6 +107,28 @@ class ModelConfig:
         # With more ranks than KV heads, heads are replicated (SGLang does the same).
         return max(1, self.num_key_value_heads // tp_size)
 
+    def verify_tp_size(self, tp_size: int) -> None:
+        """Refuse a TP size that does not split this model evenly, naming the dimension.
+
+        Query heads are split, never replicated; KV heads are split, or replicated when
+        there are fewer of them than ranks (tp_size a multiple of the KV heads)."""
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        fits = [t for t in range(1, heads + 1) if heads % t == 0 and (kv_heads % t == 0 or t % kv_heads == 0)]
+        if heads % tp_size != 0:
+            raise ValueError(
+                f"tp_size={tp_size} does not divide the {heads} attention heads of {self.model_path}; "
+                f"tensor parallelism splits heads across ranks (tp sizes that fit: {fits})"
+            )
+        if kv_heads % tp_size != 0 and tp_size % kv_heads != 0:
+            raise ValueError(
+                f"tp_size={tp_size} neither divides nor is a multiple of the {kv_heads} KV heads of "
+                f"{self.model_path} (tp sizes that fit: {fits})"
+            )
+        for name in ("intermediate_size", "moe_intermediate_size"):
+            size = getattr(self.hf_config, name, None)
+            if size is not None and size % tp_size != 0:
+                raise ValueError(f"tp_size={tp_size} does not divide {name}={size} of {self.model_path}")
+
 
 def _get_and_verify_dtype(hf_config: PretrainedConfig, dtype: str, device: str) -> torch.dtype:
     if dtype != "auto":

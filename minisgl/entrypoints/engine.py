@@ -4,7 +4,9 @@ Mirrors python/sglang/srt/entrypoints/engine.py (Engine.__init__, generate,
 shutdown, the expert-distribution methods). SGLang's Engine launches a
 tokenizer manager, scheduler processes and a detokenizer connected by ZMQ;
 minisgl's Engine owns one in-process Scheduler and drives its loop until the
-requests it was given are done.
+requests it was given are done. With tp_size > 1 it starts one scheduler
+process per rank instead and drives them, through rank 0, the same way
+(SchedulerClient); on a node other than node 0 it only runs that node's ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tqdm import tqdm
 
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.managers.scheduler import Scheduler
+from minisgl.managers.scheduler_client import SchedulerClient, run_nonzero_rank_node
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
 
@@ -27,7 +30,16 @@ class Engine:
             self.server_args = ServerArgs(**kwargs)
         except TypeError as e:
             raise ValueError(f"unknown engine argument: {e}") from None
-        self.scheduler = Scheduler(self.server_args)
+        if self.server_args.node_rank >= 1:
+            # As SGLang's Engine on a non-zero node: run this node's ranks until node 0 shuts down.
+            run_nonzero_rank_node(self.server_args)
+            self.scheduler = None
+            return
+        if self.server_args.tp_size == 1:
+            self.scheduler = Scheduler(self.server_args)
+        else:
+            self.scheduler = SchedulerClient(self.server_args)
+            self.server_args = self.scheduler.server_args  # now with the dist_init_addr it chose
         self.tokenizer = self.scheduler.tokenizer
         self.vocab_size = self.scheduler.worker_info.vocab_size
         self._counter = itertools.count()
@@ -110,10 +122,12 @@ class Engine:
 
     def _make_result(self, req: TokenizedGenerateReqInput, output_ids: list[int], meta: dict) -> dict:
         params = req.sampling_params
-        text = self.tokenizer.decode(output_ids, skip_special_tokens=params.skip_special_tokens)
         matched = meta["finish_reason"].get("matched")
+        # A stop token or stop string ends the text and is not part of it (SGLang's default);
+        # output_ids keep the stop token.
+        text_ids = output_ids[:-1] if isinstance(matched, int) else output_ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
         if isinstance(matched, str) and matched in text:
-            # A stop string ends the text; it is not part of it (SGLang's default).
             text = text[: text.index(matched)]
         return {"text": text, "output_ids": output_ids, "meta_info": meta}
 
@@ -129,6 +143,8 @@ class Engine:
         return self.scheduler.expert_distribution_handle("dump", output_path)
 
     def shutdown(self) -> None:
+        if isinstance(self.scheduler, SchedulerClient):
+            self.scheduler.shutdown()
         self.scheduler = None
 
     def __enter__(self) -> "Engine":

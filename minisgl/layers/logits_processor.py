@@ -53,7 +53,8 @@ class LogitsProcessor(nn.Module):
     def forward(self, input_ids, hidden_states, lm_head, forward_batch) -> LogitsProcessorOutput:
         # hidden_states: [num_tokens, hidden], already final-normed (the LM head's input)
         mode = forward_batch.forward_mode
-        if mode.is_decode():
+        if mode.is_decode() or mode.is_target_verify():
+            # Verification scores every drafted position, not only each request's last.
             pruned = hidden_states
         else:
             last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1

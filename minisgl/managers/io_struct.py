@@ -1,8 +1,10 @@
 """Messages between the front end (Engine / TokenizerManager) and the Scheduler.
 
 Mirrors python/sglang/srt/managers/io_struct.py (GenerateReqInput,
-TokenizedGenerateReqInput, BatchTokenIDOutput, AbortReq). SGLang sends these
-over ZMQ between processes; minisgl passes them in memory.
+TokenizedGenerateReqInput, BatchTokenIDOutput, AbortReq, FlushCacheReqInput,
+ExpertDistributionReq, GetInternalStateReq). SGLang sends these over ZMQ between
+processes; minisgl passes them in memory, or, with tensor parallelism, over a
+pipe to rank 0's scheduler process.
 """
 
 from __future__ import annotations
@@ -41,3 +43,23 @@ class ReqOutput:
 @dataclasses.dataclass
 class AbortReq:
     rid: str
+
+
+# Control requests. With tensor parallelism they travel to every rank's scheduler like
+# generation requests (rank 0 receives, then broadcasts), and rank 0 sends the reply.
+
+
+@dataclasses.dataclass
+class FlushCacheReqInput:
+    pass
+
+
+@dataclasses.dataclass
+class ExpertDistributionReq:
+    action: str  # "start" | "stop" | "dump"
+    output_path: Optional[str] = None
+
+
+@dataclasses.dataclass
+class GetInternalStateReq:
+    pass

@@ -122,6 +122,9 @@ class Req:
         self.hidden_states: list[list[float]] = []
         self.routed_experts: Optional[torch.Tensor] = None
         self.num_retractions = 0
+        # Speculative decoding: verify rounds run, and draft tokens the target accepted.
+        self.spec_verify_ct = 0
+        self.spec_accepted_tokens = 0
 
     @property
     def seqlen(self) -> int:
@@ -208,6 +211,7 @@ class ScheduleBatch:
         tree_cache: RadixCache,
         vocab_size: int,
         device: str,
+        num_decode_tokens: int = 1,
     ) -> None:
         self.reqs = reqs
         self.req_to_token_pool = req_to_token_pool
@@ -215,13 +219,20 @@ class ScheduleBatch:
         self.tree_cache = tree_cache
         self.vocab_size = vocab_size
         self.device = device
+        # KV slots a decode step takes per request: 1, or when speculating the last token plus
+        # its drafts (speculative_num_draft_tokens), of which the rejected are freed after verify.
+        self.num_decode_tokens = num_decode_tokens
         self.forward_mode: Optional[ForwardMode] = None
         self.input_ids: list[int] = []
         self.out_cache_loc: Optional[torch.Tensor] = None
 
     @classmethod
-    def init_new(cls, reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device):
-        return cls(reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device)
+    def init_new(
+        cls, reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device, num_decode_tokens=1
+    ):
+        return cls(
+            reqs, req_to_token_pool, token_to_kv_pool_allocator, tree_cache, vocab_size, device, num_decode_tokens
+        )
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -274,7 +285,7 @@ class ScheduleBatch:
     def new_tokens_required_next_decode(self) -> int:
         page = self.token_to_kv_pool_allocator.page_size
         if page == 1:
-            return len(self.reqs)
+            return len(self.reqs) * self.num_decode_tokens
         # Only requests whose last page is full need a fresh page.
         return sum(page for r in self.reqs if r.kv_len % page == 0)
 
@@ -283,11 +294,11 @@ class ScheduleBatch:
         return free >= self.new_tokens_required_next_decode()
 
     def prepare_for_decode(self) -> None:
-        """One new token per request: its input is the last sampled token."""
+        """One new token per request: its input is the last sampled token (with room for drafts)."""
         self.forward_mode = ForwardMode.DECODE
         self.input_ids = [r.output_ids[-1] for r in self.reqs]
         prefix_lens = [r.kv_len for r in self.reqs]
-        seq_lens = [p + 1 for p in prefix_lens]
+        seq_lens = [p + self.num_decode_tokens for p in prefix_lens]
         self.out_cache_loc = self._alloc_token_slots(prefix_lens, seq_lens)
         assert self.out_cache_loc is not None, "check_decode_mem must run before prepare_for_decode"
         self._write_req_to_token(prefix_lens, seq_lens)

@@ -8,27 +8,44 @@ step either prefills newly admitted requests or decodes the running batch, and
 a finished prefill joins the running batch at the next step. When decode runs
 out of KV slots, requests are retracted to the waiting queue and later
 re-prefilled from prompt + output so far. The scheduler talks only to the
-TpModelWorker, never to a ModelRunner or a model (claim C1). SGLang's
-scheduler is also an IPC hub (ZMQ), runs overlap scheduling and
-disaggregation; minisgl runs it in-process.
+TpModelWorker, never to a ModelRunner or a model (claim C1). With one rank
+the Engine runs the Scheduler in-process; with tensor parallelism each rank
+runs one in its own process (run_scheduler_process), rank 0 receiving the
+requests and broadcasting them, as SGLang does. SGLang's scheduler is also an
+IPC hub (ZMQ), runs overlap scheduling and disaggregation; omitted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
 from typing import Optional
 
 import torch
 
 from minisgl import tracing
+from minisgl.distributed.parallel_state import destroy_distributed_environment, get_tp_group
+from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
 from minisgl.hf_transformers_utils import get_tokenizer
-from minisgl.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
+from minisgl.managers.io_struct import (
+    AbortReq,
+    ExpertDistributionReq,
+    FlushCacheReqInput,
+    GetInternalStateReq,
+    ReqOutput,
+    TokenizedGenerateReqInput,
+)
 from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
+from minisgl.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +59,23 @@ CLIP_MAX_NEW_TOKENS = 4096
 # SGLang's in-batch prefix check: a request whose first tokens equal those of a request
 # already admitted this round waits one round, so it can reuse that request's KV.
 IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+# An idle rank 0 wakes this often so the other ranks' broadcast never waits out its timeout.
+IDLE_POLL_INTERVAL_S = 1.0
+# Where rank processes write their trace events (read by the launcher, see run_scheduler_process).
+TRACE_DIR_ENV = "MINISGL_TRACE_DIR"
 
 
 class Scheduler:
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         with tracing.span("Scheduler.__init__"):
             self.tp_worker = TpModelWorker(server_args, tp_rank=tp_rank)
             self.worker_info = self.tp_worker.get_worker_info()
             self.model_config = self.tp_worker.model_config
             self.req_to_token_pool, self.token_to_kv_pool_allocator = self.tp_worker.get_memory_pool()
+            self.maybe_init_draft_worker()
             self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
                 server_args.tokenizer_path or self.model_config.model_path
             )
@@ -76,6 +99,13 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._rid_to_req: dict[str, Req] = {}
 
+    def maybe_init_draft_worker(self) -> None:
+        """With speculative decoding, the draft worker wraps the target's (SGLang's order and name)."""
+        self.draft_worker = None
+        if not self.spec_algorithm.is_none():
+            worker_cls = self.spec_algorithm.create_worker()
+            self.draft_worker = worker_cls(self.server_args, self.tp_rank, target_worker=self.tp_worker)
+
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch.init_new(
             reqs,
@@ -84,6 +114,7 @@ class Scheduler:
             self.tree_cache,
             self.worker_info.vocab_size,
             self.worker_info.device,
+            num_decode_tokens=self.server_args.speculative_num_draft_tokens or 1,
         )
 
     # ---- requests in ---------------------------------------------------------------------
@@ -138,6 +169,13 @@ class Scheduler:
             return "return_routed_experts needs the engine started with enable_return_routed_experts=True"
         if req.return_routed_experts and not self.model_config.is_moe:
             return "return_routed_experts needs a mixture-of-experts model"
+        if self.draft_worker is not None:
+            params = req.sampling_params
+            if req.return_logprob or req.return_hidden_states:
+                return "speculative decoding does not return logprobs or hidden states"
+            if params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0:
+                # A drafted position's penalties would depend on the drafts before it.
+                return "speculative decoding does not apply frequency, presence or repetition penalties"
         return None
 
     def abort_request(self, rid: str) -> None:
@@ -176,9 +214,9 @@ class Scheduler:
         info = self.worker_info
         page = info.page_size
         running = self.running_batch.reqs
-        for req in self.waiting_queue:
-            req.init_next_round_input(self.tree_cache)
         if self.server_args.schedule_policy == "lpm":
+            for req in self.waiting_queue:
+                req.init_next_round_input(self.tree_cache)
             # Longest cached prefix first: the most reuse before the cache changes.
             self.waiting_queue.sort(key=lambda r: -len(r.prefix_indices))
         # Room the running requests will still need for decoding.
@@ -194,6 +232,7 @@ class Scheduler:
                 break
             if req.req_pool_idx is None and free_req_slots == 0:
                 break
+            req.init_next_round_input(self.tree_cache)  # lazily: requests behind the first refused are never matched
             head = tuple(req.fill_ids[:IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD])
             if (
                 not self.tree_cache.disable
@@ -267,10 +306,13 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> GenerationBatchResult:
         with tracing.span("Scheduler.run_batch", forward_mode=batch.forward_mode.name):
+            if self.draft_worker is not None:
+                # SGLang's speculative (non-overlap) path hands the draft worker the ScheduleBatch.
+                return self.draft_worker.forward_batch_generation(batch)
             return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
 
     def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
-        next_token_ids = result.next_token_ids.tolist()
+        new_token_ids = _split_per_request(result)
         out = result.logits_output
         hidden_offset = 0
         still_running = []
@@ -286,21 +328,41 @@ class Scheduler:
                     continue
             elif out.hidden_states is not None and req.return_hidden_states:
                 req.hidden_states.append(out.hidden_states[i].tolist())
+            new_ids = []
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FINISH_LENGTH(0)  # prefill only (e.g. to warm the cache)
             else:
-                req.output_ids.append(next_token_ids[i])
-                if req.return_logprob:
-                    self._record_output_logprobs(req, out, i)
-                req.check_finished(self._tail_text(req))
+                new_ids = self._append_output_ids(req, new_token_ids[i], out, i)
+            if result.accept_length_per_req_cpu is not None:
+                self._account_spec_round(req, result.accept_length_per_req_cpu[i])
             if req.finished():
-                self._finish(req)
+                self._finish(req, new_ids)
                 continue
             if batch.forward_mode.is_extend():
                 self.tree_cache.cache_unfinished_req(req)
-            self._emit(req, [next_token_ids[i]])
+            self._emit(req, new_ids)
             still_running.append(req)
         batch.reqs = still_running
+
+    def _append_output_ids(self, req: Req, token_ids: list[int], out, i: int) -> list[int]:
+        """Append the step's tokens (several after a speculative round) up to the first that ends it."""
+        appended = []
+        for token_id in token_ids:
+            req.output_ids.append(token_id)
+            appended.append(token_id)
+            if req.return_logprob:
+                self._record_output_logprobs(req, out, i)
+            req.check_finished(self._tail_text(req))
+            if req.finished():
+                break
+        return appended
+
+    def _account_spec_round(self, req: Req, num_accepted: int) -> None:
+        req.spec_verify_ct += 1
+        req.spec_accepted_tokens += num_accepted
+        if req.kv_len > req.seqlen - 1:
+            # It finished inside the accepted run: tokens it did not keep need no KV.
+            self.draft_worker.release_kv(req, req.seqlen - 1)
 
     def _record_extend_side_outputs(self, req: Req, out, i: int, row_offset: int, prefix_len: int) -> None:
         if req.return_logprob and out.input_token_logprobs is not None:
@@ -330,11 +392,12 @@ class Scheduler:
         stops = req.sampling_params.stop_strs
         if not stops or self.tokenizer is None:
             return None
-        # Enough trailing tokens to contain the longest stop string (a token is >= 1 character).
-        n = max(len(s) for s in stops) + 1
+        # Enough trailing tokens to contain the longest stop string: a token is at least one
+        # byte (byte-level BPE splits a multibyte character), so count bytes, not characters.
+        n = max(len(s.encode()) for s in stops) + 1
         return self.tokenizer.decode(req.output_ids[-n:])
 
-    def _finish(self, req: Req) -> None:
+    def _finish(self, req: Req, new_ids: Optional[list[int]] = None) -> None:
         if req.req_pool_idx is not None:
             if req.return_routed_experts:
                 slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len]
@@ -342,11 +405,27 @@ class Scheduler:
             self.tree_cache.cache_finished_req(req)
             req.req_pool_idx = None
         self._rid_to_req.pop(req.rid, None)
-        self._emit(req, [req.output_ids[-1]] if req.output_ids else [])
+        if new_ids is None:
+            new_ids = [req.output_ids[-1]] if req.output_ids else []
+        self._emit(req, new_ids)
 
     def _emit(self, req: Req, new_ids: list[int]) -> None:
         meta = self._build_meta_info(req) if req.finished() else None
+        if meta is not None and req.spec_verify_ct > 0:
+            meta.update(self._spec_meta_info(req))
         self.outputs.append(ReqOutput(req.rid, new_ids, req.finished(), meta))
+
+    def _spec_meta_info(self, req: Req) -> dict:
+        """SGLang's speculative metrics (its TokenizerManager computes them from the same counters)."""
+        drafted = req.spec_verify_ct * self.server_args.speculative_num_steps
+        return {
+            "spec_verify_ct": req.spec_verify_ct,
+            "spec_accept_token_num": req.spec_accepted_tokens,
+            "spec_draft_token_num": drafted,
+            "spec_accept_rate": req.spec_accepted_tokens / drafted,
+            # Tokens per target forward (the first came from the prefill, as in SGLang).
+            "spec_accept_length": len(req.output_ids) / req.spec_verify_ct,
+        }
 
     @staticmethod
     def _build_meta_info(req: Req) -> dict:
@@ -416,6 +495,123 @@ class Scheduler:
 
     def is_idle(self) -> bool:
         return not self._rid_to_req
+
+    # ---- tensor parallelism: one scheduler process per rank ------------------------------
+
+    def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
+        """SGLang's event_loop_normal for one TP rank: receive and broadcast, then step.
+
+        Every rank runs the same requests through the same deterministic decisions, so the
+        batches (and the collectives inside the forward) line up without further talk.
+        Only rank 0 hears from the Engine and answers it."""
+        while True:
+            recv_reqs = self.recv_requests(recv_from_engine)
+            if any(r is None for r in recv_reqs):
+                return  # the Engine shut down
+            replies = self.process_input_requests(recv_reqs)
+            outputs = self.step()
+            if self.tp_rank == 0 and (outputs or replies):
+                recv_from_engine.send(("out", outputs, replies))
+
+    def recv_requests(self, recv_from_engine: Optional[Connection]) -> list:
+        """Rank 0 takes everything the Engine has sent and broadcasts it; all ranks return it
+        (SGLang's recv_requests)."""
+        recv_reqs = []
+        if self.tp_rank == 0:
+            # Wait while idle, but not forever: the other ranks wait inside the broadcast,
+            # and a collective left open for the group's timeout fails.
+            if recv_from_engine.poll(IDLE_POLL_INTERVAL_S if self.is_idle() else 0):
+                while recv_from_engine.poll():
+                    recv_reqs += recv_from_engine.recv()  # each message is a list of requests
+        tp_group = get_tp_group()
+        recv_reqs = broadcast_pyobj(recv_reqs, self.tp_rank, tp_group.cpu_group if tp_group else None)
+        if recv_reqs:
+            tracing.point("Scheduler.recv_requests", num_reqs=len(recv_reqs), source_rank=0)
+        return recv_reqs
+
+    def process_input_requests(self, recv_reqs: list) -> list:
+        """Apply each request; return the control requests' replies, in order."""
+        replies = []
+        for req in recv_reqs:
+            if isinstance(req, TokenizedGenerateReqInput):
+                self.handle_generate_request(req)
+            elif isinstance(req, AbortReq):
+                self.abort_request(req.rid)
+            else:
+                try:
+                    replies.append(self._handle_control_request(req))
+                except Exception as e:  # the caller's mistake (e.g. recorder off): it gets the error
+                    replies.append(e)
+        return replies
+
+    def _handle_control_request(self, req):
+        if isinstance(req, FlushCacheReqInput):
+            return self.flush_cache()
+        if isinstance(req, GetInternalStateReq):
+            return self.get_cache_stats()
+        if isinstance(req, ExpertDistributionReq):
+            if req.action == "dump" and self.tp_rank != 0:
+                return None  # routing is replicated, so every rank counted the same; one writes
+            return self.expert_distribution_handle(req.action, req.output_path)
+        raise TypeError(f"unknown request {type(req).__name__}")
+
+
+def run_scheduler_process(
+    server_args: ServerArgs,
+    tp_rank: int,
+    recv_from_engine: Optional[Connection] = None,
+    trace_dir: Optional[str] = None,
+) -> None:
+    """The body of one TP rank's process (SGLang's run_scheduler_process).
+
+    Builds this rank's Scheduler (and with it the TpModelWorker, which joins the process
+    group), tells the Engine it is ready (rank 0 only), then runs the event loop until the
+    Engine shuts down. With a trace_dir (the launcher's MINISGL_TRACE_DIR), the rank's
+    trace events are written to tp<rank>.jsonl there when it exits."""
+    ranks_per_node = server_args.tp_size // server_args.nnodes
+    # The ranks of one node share its cores.
+    torch.set_num_threads(max(1, torch.get_num_threads() // ranks_per_node))
+    with tracing.record() if trace_dir else contextlib.nullcontext() as events:
+        try:
+            with tracing.span("run_scheduler_process", tp_rank=tp_rank, node_rank=server_args.node_rank):
+                scheduler = Scheduler(server_args, tp_rank)
+                if recv_from_engine is not None:
+                    recv_from_engine.send(("ready", scheduler.worker_info))
+                scheduler.event_loop_normal(recv_from_engine)
+        except BaseException as e:
+            if recv_from_engine is not None:
+                _send_error(recv_from_engine, e)
+            raise
+        finally:
+            if trace_dir:
+                tracing.dump_jsonl(events, os.path.join(trace_dir, f"tp{tp_rank}.jsonl"))
+            destroy_distributed_environment()
+    # A clean stop skips the interpreter's teardown, which takes seconds once torch and
+    # transformers are loaded; nothing is left to flush (SGLang kills its schedulers outright).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _send_error(conn: Connection, error: BaseException) -> None:
+    detail = traceback.format_exc()
+    try:
+        conn.send(("error", error, detail))
+    except Exception:  # unpicklable, or the Engine is gone
+        with contextlib.suppress(Exception):
+            conn.send(("error", RuntimeError(repr(error)), detail))
+
+
+def _split_per_request(result: GenerationBatchResult) -> list[list[int]]:
+    """The new tokens of each request: one, or after a speculative round n + 1 for n accepted drafts."""
+    flat = result.next_token_ids.tolist()
+    if result.accept_length_per_req_cpu is None:
+        return [[t] for t in flat]
+    out, start = [], 0
+    for n in result.accept_length_per_req_cpu:
+        out.append(flat[start : start + n + 1])
+        start += n + 1
+    return out
 
 
 def _zip_top(vals: list, idxs: list) -> list:

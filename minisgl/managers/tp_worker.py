@@ -18,6 +18,7 @@ import torch
 
 from minisgl import tracing
 from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.parallel_state import get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
@@ -35,6 +36,9 @@ class GenerationBatchResult:
     logits_output: LogitsProcessorOutput
     next_token_ids: Optional[torch.Tensor]  # None for a verify forward, which the caller samples
     can_run_cuda_graph: bool
+    # Speculative decode: drafts accepted per request; next_token_ids then holds, request
+    # after request, those drafts and one token of the target's own (n + 1 each).
+    accept_length_per_req_cpu: Optional[list[int]] = None
 
 
 @dataclasses.dataclass
@@ -67,8 +71,11 @@ class TpModelWorker:
             self._init_model_config()
             self._init_model_runner(req_to_token_pool, token_to_kv_pool_allocator)
             # Every rank must sample identically, so rank 0's seed wins (claim C3).
-            self.random_seed = broadcast_pyobj([server_args.random_seed], self.tp_rank)[0]
-            tracing.point("TpModelWorker.set_random_seed", source_rank=0)
+            tp_group = get_tp_group()
+            self.random_seed = broadcast_pyobj(
+                [server_args.random_seed], self.tp_rank, tp_group.cpu_group if tp_group else None, src=0
+            )[0]
+            tracing.point("TpModelWorker.set_random_seed", source_rank=0, random_seed=self.random_seed)
             torch.manual_seed(self.random_seed)
 
     def _init_model_config(self) -> None:
@@ -98,7 +105,8 @@ class TpModelWorker:
 
     def get_worker_info(self) -> WorkerInfo:
         runner = self._model_runner
-        max_req_len = self.model_config.context_len
+        # A speculative round writes up to speculative_num_steps positions past the last token.
+        max_req_len = self.model_config.context_len - (self.server_args.speculative_num_steps or 0)
         return WorkerInfo(
             max_total_num_tokens=runner.max_total_num_tokens,
             max_prefill_tokens=self.server_args.max_prefill_tokens,

@@ -21,6 +21,7 @@ import torch
 
 from minisgl import tracing
 from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.parallel_state import get_tp_group, init_distributed_environment, initialize_model_parallel
 from minisgl.eplb.expert_distribution import (
     ExpertDistributionRecorder,
     get_global_expert_distribution_recorder,
@@ -95,8 +96,27 @@ class ModelRunner:
             raise ValueError(f"{model_config.architectures} is not a generation model")
         if self.is_multimodal:
             raise ValueError("minisgl serves text-only models")
+        model_config.verify_tp_size(tp_size)
         self.forward_pass_id = 0
+        if tp_size > 1 and not is_draft_worker:
+            # Before initialize(): every layer reads its rank from parallel_state when it is built.
+            # A draft runner lives in a process whose target already joined the group.
+            self.init_torch_distributed()
         self.initialize()
+
+    def init_torch_distributed(self) -> None:
+        """Join the TP group: gloo on CPU, nccl on CUDA, rendezvous at server_args.dist_init_addr."""
+        if self.server_args.dist_init_addr is None:
+            raise ValueError("tp_size > 1 runs one process per rank; start them with Engine(tp_size=...)")
+        backend = "gloo" if self.device == "cpu" else "nccl"
+        with tracing.span(
+            "ModelRunner.init_torch_distributed", backend=backend, tp_rank=self.tp_rank, tp_size=self.tp_size
+        ):
+            if self.device.startswith("cuda"):
+                ranks_per_node = self.tp_size // self.server_args.nnodes
+                torch.cuda.set_device(self.tp_rank % ranks_per_node)
+            init_distributed_environment(backend, self.tp_size, self.tp_rank, self.server_args.dist_init_addr)
+            initialize_model_parallel(self.tp_size)
 
     def initialize(self) -> None:
         """Assemble the execution shell, in SGLang's order (claim C5)."""
@@ -135,11 +155,18 @@ class ModelRunner:
             available, _ = torch.cuda.mem_get_info()
         else:
             available = psutil.virtual_memory().available
+        if self.tp_size > 1:
+            # Every rank must size the same pool, or their schedulers would decide differently.
+            available = get_tp_group().all_reduce_min(available)
         return int(available * self.server_args.mem_fraction_static) // cell_size
 
     def init_memory_pool(self) -> None:
         with tracing.span("ModelRunner.init_memory_pool"):
-            max_tokens = self.server_args.max_total_tokens or self.profile_max_num_token()
+            if self.token_to_kv_pool_allocator is not None:
+                # A draft runner keeps its own KV in the slots the target's allocator hands out.
+                max_tokens = self.token_to_kv_pool_allocator.size
+            else:
+                max_tokens = self.server_args.max_total_tokens or self.profile_max_num_token()
             # The pool holds whole pages.
             self.max_total_num_tokens = max_tokens // self.page_size * self.page_size
             if self.max_total_num_tokens <= 0:

@@ -48,7 +48,11 @@ def model_runner_forward_sample(workdir: str) -> list[dict]:
     """C6/C7/C8: one prefill of two requests, then decode steps, greedy."""
     engine = _engine(_tiny("llama", workdir))
     with tracing.record() as events:
-        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
+        engine.generate(
+            input_ids=PROMPTS,
+            sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
+            show_progress=False,
+        )
     return events
 
 
@@ -57,7 +61,11 @@ def attention_backend_triton(workdir: str) -> list[dict]:
     path = _tiny("llama", workdir)
     with tracing.record() as events:
         engine = _engine(path, attention_backend="triton", page_size=4)
-        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
+        engine.generate(
+            input_ids=PROMPTS,
+            sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
+            show_progress=False,
+        )
     keep = ("ModelRunner.init_attention_backend", "ModelRunner.forward", "attn_backend.init_forward_metadata", "RadixAttention.forward")
     return [e for e in events if e["event"].startswith(keep)]
 
@@ -83,11 +91,94 @@ def side_outputs(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep)]
 
 
+def run_tp_engine(path: str, trace_dir: Path, generate_kwargs: dict, **engine_kwargs) -> tuple[list, list[list[dict]]]:
+    """Run an Engine with tensor parallelism, its ranks tracing into trace_dir; return
+    its results and each rank's events (rank order). The ranks are separate processes,
+    so each writes its own trace file when the Engine shuts it down."""
+    from minisgl.managers.scheduler import TRACE_DIR_ENV
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get(TRACE_DIR_ENV)
+    os.environ[TRACE_DIR_ENV] = str(trace_dir)  # inherited by the spawned rank processes
+    try:
+        engine = _engine(path, **engine_kwargs)
+        try:
+            results = engine.generate(**generate_kwargs, show_progress=False)
+        finally:
+            engine.shutdown()
+    finally:
+        if previous is None:
+            os.environ.pop(TRACE_DIR_ENV)
+        else:
+            os.environ[TRACE_DIR_ENV] = previous
+    tp_size = engine.server_args.tp_size
+    return results, [tracing.load_jsonl(trace_dir / f"tp{r}.jsonl") for r in range(tp_size)]
+
+
+def tensor_parallel(workdir: str) -> list[dict]:
+    """C3 under TP=2: each rank's process builds its own worker (its identity), joins the group
+    before loading weights, takes rank 0's seed, and schedules the same batches."""
+    _, per_rank = run_tp_engine(
+        _tiny("llama", workdir),
+        Path(workdir) / "tp-traces",
+        dict(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}),
+        tp_size=2,
+        random_seed=1234,
+    )
+    keep = (
+        "run_scheduler_process",
+        "Scheduler.__init__",
+        "TpModelWorker",
+        "ModelConfig.from_server_args",
+        "ModelRunner.__init__",
+        "ModelRunner.init_torch_distributed",
+        "ModelRunner.initialize",
+        "ModelRunner.load_model",
+        "ModelRunner.init_memory_pool",
+        "Scheduler.recv_requests",
+        "Scheduler.get_next_batch_to_run",
+    )
+    return [e for events in per_rank for e in events if e["event"].startswith(keep)]
+
+
+def speculative_decoding(workdir: str) -> list[dict]:
+    """C12: the draft worker built on the target's pools; a prefill runs both models, a decode
+    round drafts k tokens, verifies them in one target forward and frees the rejected slots.
+    The draft is the target cut to one layer, so most drafts are refused; on the first prompt
+    the first round keeps one."""
+    from minisgl.tools.make_draft_model import make_truncated_model
+
+    target = _tiny("llama", workdir)
+    draft = str(make_truncated_model(target, Path(workdir) / "draft", num_layers=1))
+    with tracing.record() as events:
+        engine = _engine(
+            target, speculative_algorithm="STANDALONE", speculative_draft_model_path=draft, speculative_num_steps=2
+        )
+        engine.generate(
+            input_ids=[[20, 21, 22, 23, 24], PROMPTS[0]],
+            sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True},
+        )
+    keep = (
+        "Scheduler.__init__",
+        "StandaloneWorker",
+        "TpModelWorker",
+        "ModelConfig.from_server_args",
+        "ModelRunner.__init__",
+        "ModelRunner.init_memory_pool",
+        "ModelRunner.forward",
+        "ForwardBatch.init_new",
+        "Scheduler.get_next_batch_to_run",
+    )
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
     "attention_backend_triton": attention_backend_triton,
     "side_outputs": side_outputs,
+    "tensor_parallel": tensor_parallel,
+    "speculative_decoding": speculative_decoding,
 }
 
 
