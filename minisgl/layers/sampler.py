@@ -35,14 +35,14 @@ class Sampler(nn.Module):
             logits = logits / sampling_info.temperatures
             probs = torch.softmax(logits, dim=-1)
             logprobs = torch.log_softmax(logits, dim=-1) if return_logprob else None
-            probs = _top_k_top_p_min_p_renorm(probs, sampling_info)
-            next_token_ids = _sample_per_request(probs, sampling_info.generators)
+            probs = top_k_top_p_min_p_renorm(probs, sampling_info)
+            next_token_ids = sample_per_request(probs, sampling_info.generators)
         if return_logprob:
             _attach_logprobs_to_output(logits_output, logprobs, next_token_ids, top_logprobs_nums, token_ids_logprobs)
         return next_token_ids
 
 
-def _top_k_top_p_min_p_renorm(probs: torch.Tensor, info) -> torch.Tensor:
+def top_k_top_p_min_p_renorm(probs: torch.Tensor, info) -> torch.Tensor:
     if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
         return probs
     sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
@@ -58,7 +58,7 @@ def _top_k_top_p_min_p_renorm(probs: torch.Tensor, info) -> torch.Tensor:
     return filtered / filtered.sum(dim=-1, keepdim=True)
 
 
-def _sample_per_request(probs: torch.Tensor, generators: list) -> torch.Tensor:
+def sample_per_request(probs: torch.Tensor, generators: list) -> torch.Tensor:
     out = torch.argmax(probs, dim=-1)
     for i, gen in enumerate(generators):
         if gen is not None:  # greedy rows keep the argmax

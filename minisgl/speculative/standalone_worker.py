@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from minisgl import tracing
-from minisgl.layers.sampler import _sample_per_request, _top_k_top_p_min_p_renorm
+from minisgl.layers.sampler import sample_per_request, top_k_top_p_min_p_renorm
 from minisgl.managers.schedule_batch import ModelWorkerBatch
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -122,7 +122,7 @@ class StandaloneWorker(TpModelWorker):
                     next_ids = logits.argmax(dim=-1)
                 else:
                     q = _sampling_probs(logits, info)
-                    next_ids = _sample_per_request(q, info.generators)
+                    next_ids = sample_per_request(q, info.generators)
                     probs.append(q)
                 drafts.append(next_ids)
                 tokens = next_ids.tolist()
@@ -217,7 +217,7 @@ def _plain(batch: ModelWorkerBatch, **changes) -> ModelWorkerBatch:
 
 def _sampling_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """The distribution the Sampler draws from: temperature, then top-k / top-p / min-p."""
-    return _top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
+    return top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
 
 
 def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
