@@ -16,7 +16,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 def _cache(page_size: int, size: int = 64) -> RadixCache:
     alloc_cls = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
-    args = (size, None, "cpu") if page_size == 1 else (size, page_size, None, "cpu")
+    args = (size, "cpu") if page_size == 1 else (size, page_size, "cpu")
     return RadixCache(ReqToTokenPool(4, 32, "cpu"), alloc_cls(*args), page_size)
 
 

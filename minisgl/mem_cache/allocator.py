@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.mem_cache.memory_pool import MHATokenToKVPool
 
 
 class TokenToKVPoolAllocator:
@@ -18,14 +17,10 @@ class TokenToKVPoolAllocator:
 
     page_size = 1
 
-    def __init__(self, size: int, kvcache: MHATokenToKVPool, device: str) -> None:
+    def __init__(self, size: int, device: str) -> None:
         self.size = size
         self.device = device
-        self._kvcache = kvcache
         self.clear()
-
-    def get_kvcache(self) -> MHATokenToKVPool:
-        return self._kvcache
 
     def clear(self) -> None:
         self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
@@ -52,11 +47,11 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
     list of page-aligned runs, which is what paged attention kernels expect.
     """
 
-    def __init__(self, size: int, page_size: int, kvcache: MHATokenToKVPool, device: str) -> None:
+    def __init__(self, size: int, page_size: int, device: str) -> None:
         assert size % page_size == 0, "the pool holds whole pages"
         self.page_size = page_size
         self.num_pages = size // page_size
-        super().__init__(size, kvcache, device)
+        super().__init__(size, device)
 
     def clear(self) -> None:
         # Page 0 holds the dummy slot, so pages are numbered from 1.

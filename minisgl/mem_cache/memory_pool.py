@@ -37,9 +37,6 @@ class ReqToTokenPool:
     def free(self, free_index: int | list[int]) -> None:
         self.free_slots.extend([free_index] if isinstance(free_index, int) else free_index)
 
-    def clear(self) -> None:
-        self.free_slots = list(range(self.size))
-
 
 class MHATokenToKVPool:
     """Per-layer K/V buffers of shape [size + page_size, head_num, head_dim].
@@ -68,12 +65,6 @@ class MHATokenToKVPool:
         shape = (size + page_size, head_num, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
-
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.k_buffer[layer_id]
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.v_buffer[layer_id]
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]

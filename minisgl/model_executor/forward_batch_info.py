@@ -61,9 +61,6 @@ class CaptureHiddenMode(IntEnum):
     def is_full(self) -> bool:
         return self == CaptureHiddenMode.FULL
 
-    def is_last(self) -> bool:
-        return self == CaptureHiddenMode.LAST
-
 
 @dataclasses.dataclass
 class ForwardBatch:

@@ -188,12 +188,10 @@ class ModelRunner:
             )
             if self.token_to_kv_pool_allocator is None:
                 if self.page_size == 1:
-                    self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(
-                        self.max_total_num_tokens, self.token_to_kv_pool, self.device
-                    )
+                    self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
                 else:
                     self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
-                        self.max_total_num_tokens, self.page_size, self.token_to_kv_pool, self.device
+                        self.max_total_num_tokens, self.page_size, self.device
                     )
             tracing.point(
                 "ModelRunner.init_memory_pool.sized",
