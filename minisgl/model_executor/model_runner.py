@@ -227,6 +227,10 @@ class ModelRunner:
             from minisgl.layers.attention.triton_backend import TritonAttnBackend
 
             return TritonAttnBackend(self)
+        if name == "intel_amx":
+            from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
+
+            return IntelAMXAttnBackend(self)
         raise ValueError(f"unknown attention backend {name!r}")
 
     def init_device_graphs(self) -> None:

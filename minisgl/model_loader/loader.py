@@ -34,4 +34,8 @@ def get_model(model_config: ModelConfig, device: str) -> nn.Module:
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
         model = model_cls(model_config.hf_config)
     model.load_weights(safetensors_weights_iterator(model_config.model_path))
+    # As SGLang's DefaultModelLoader.load_model: layers may re-lay their weights out for the device.
+    for module in model.modules():
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
     return model.eval()

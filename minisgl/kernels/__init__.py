@@ -1,0 +1,1 @@
+"""Compiled kernels minisgl builds itself (SGLang ships them as the separate sgl-kernel package)."""

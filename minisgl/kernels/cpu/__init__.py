@@ -1,0 +1,75 @@
+"""minisgl's CPU kernels: C++ built on this machine the first time they are needed.
+
+Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
+(``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
+``silu_and_mul_cpu``, ``rotary_embedding_cpu``) registered under ``torch.ops.minisgl_kernel``.
+SGLang builds a wheel with CMake and uses AMX tiles and hand-packed GEMMs; minisgl compiles
+the sources with ``torch.utils.cpp_extension.load`` for whatever vector ISA ATen picked on this
+CPU, caches the library, and leaves GEMMs to oneDNN. Omitted: MoE, quantized GEMMs, MLA and
+the shared-memory all-reduce.
+
+Building needs a C++ compiler and ninja and takes about a minute once per machine
+(``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
+cannot build, :func:`is_available` is False, a warning says why, and callers keep their
+PyTorch paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "torch_extension_cpu.cpp"]
+_HEADERS = ["common.h", "attention.h"]
+# The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
+_ISA_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
+               "-mavx512dq", "-mfma"],
+    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+
+def _build_dir(flags: list[str]) -> Path:
+    """One cache directory per source text, flags and torch version, so a stale build is never loaded."""
+    digest = hashlib.sha256(torch.__version__.encode() + " ".join(flags).encode())
+    for name in _SOURCES + _HEADERS:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    root = Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache" / "minisgl" / "kernels"))
+    path = root / f"cpu-{digest.hexdigest()[:16]}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def is_available() -> bool:
+    """Build (or load the cached build of) the kernels; False, with a warning, where that fails."""
+    if os.environ.get("MINISGL_DISABLE_CPU_KERNELS") == "1":
+        return False
+    isa = torch.backends.cpu.get_cpu_capability()
+    # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP loop. The library then
+    # links libgomp.so.1 by soname and so shares the runtime (and thread pool) torch already loaded.
+    flags = ["-O3", "-fopenmp", *_ISA_FLAGS.get(isa, [])]
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(
+            name="minisgl_cpu_kernels",
+            sources=[str(Path(__file__).parent / s) for s in _SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(_build_dir(flags)),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja, a read-only cache: fall back, loudly
+        logger.warning("minisgl CPU kernels unavailable (%s: %s); using the PyTorch paths", type(e).__name__, e)
+        return False
+    return True
+

@@ -1,0 +1,165 @@
+// Causal attention of a block of query tokens over one request's pages of the KV pool: the core
+// that decode.cpp and extend.cpp share (SGLang keeps separate decode/extend kernels in
+// sgl-kernel/csrc/cpu/decode.cpp and extend.cpp; here decode is extend with one query token).
+//
+// Keys are read in place through the request's row of req_to_token, so nothing is gathered into
+// a padded copy, and each K/V row is loaded once per block and used by every query row of the
+// block: the query heads that share a KV head (GQA) and the block's query tokens.
+#pragma once
+
+#include "common.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace minisgl {
+
+struct PagedAttentionArgs {
+  int64_t head_dim, v_head_dim, num_kv_heads, group;  // group = query heads per KV head
+  int64_t q_token_stride, q_head_stride;              // q may be a strided view of the QKV output
+  int64_t k_slot_stride, v_slot_stride;               // the pool: [slots, kv_heads, dim]
+  float scale;
+};
+
+// Dot product and y += a * x over a head's vector. kDim is the head dim when known at compile
+// time (the common 64 and 128: the loops then unroll into a few vector instructions) and 0 otherwise.
+template <int kDim, typename T>
+inline float dot(const float* q, const T* k, int64_t dim) {
+  const int64_t n = kDim ? kDim : dim;
+  float s = 0.f;
+  _Pragma("omp simd reduction(+ : s)")
+  for (int64_t i = 0; i < n; ++i) s += q[i] * static_cast<float>(k[i]);
+  return s;
+}
+
+template <int kDim, typename T>
+inline void axpy(float a, const T* x, float* y, int64_t dim) {
+  const int64_t n = kDim ? kDim : dim;
+  _Pragma("omp simd")
+  for (int64_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
+}
+
+// Per-thread scratch: the block's queries (scaled, float32), scores and output accumulators.
+struct Scratch {
+  std::vector<float> q_rows, scores, acc, inv_sum;
+  Scratch(int64_t rows, int64_t head_dim, int64_t v_head_dim, int64_t max_kv_len)
+      : q_rows(rows * head_dim), scores(rows * max_kv_len), acc(rows * v_head_dim), inv_sum(rows) {}
+};
+
+// Queries: tokens [first, first + count) of a request whose new tokens start at absolute position
+// `prefix` (token j sits at prefix + j and sees keys 0..prefix + j), for KV heads
+// [head_begin, head_end) and the `group` query heads of each. Scratch must hold
+// count * group * (head_end - head_begin) rows and prefix + first + count keys.
+template <int kDim, typename scalar_t>
+void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
+                  const scalar_t* k_buf, const scalar_t* v_buf, const int32_t* token_slots, int64_t head_begin,
+                  int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc) {
+  const int64_t d = a.head_dim, dv = a.v_head_dim, heads = head_end - head_begin;
+  const int64_t rows_per_head = count * a.group, rows = heads * rows_per_head;
+  const int64_t kv_len = prefix + first + count;  // keys visible to the block's last token
+  // Row r = (KV head h, token j, query head g): the rows of one KV head are contiguous.
+  auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t g = 0; g < a.group; ++g) {
+        const scalar_t* src = q + (first + j) * a.q_token_stride + ((head_begin + h) * a.group + g) * a.q_head_stride;
+        float* dst = sc.q_rows.data() + row(h, j, g) * d;
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]) * a.scale;
+      }
+    }
+  }
+  // Key t is visible to tokens j >= t - prefix - first: within each head, a suffix of its rows.
+  auto first_visible = [&](int64_t t) { return std::max<int64_t>(0, t - prefix - first) * a.group; };
+
+  // 1. scores[r][t] = q_r . k_t, one pass over the keys; a slot's heads sit side by side.
+  for (int64_t t = 0; t < kv_len; ++t) {
+    const scalar_t* k = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
+    if (t + 8 < kv_len) __builtin_prefetch(k_buf + token_slots[t + 8] * a.k_slot_stride + head_begin * d);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = h * rows_per_head + first_visible(t); r < (h + 1) * rows_per_head; ++r) {
+        sc.scores[r * kv_len + t] = dot<kDim>(sc.q_rows.data() + r * d, k + h * d, d);
+      }
+    }
+  }
+  // 2. softmax over each row's visible keys (the division is deferred to the output)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = sc.scores.data() + r * kv_len;
+    const int64_t visible = prefix + first + (r % rows_per_head) / a.group + 1;
+    const float m = *std::max_element(s, s + visible);
+    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible, m);
+  }
+  // 3. acc[r] = sum_t p[r][t] * v_t, one pass over the values
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * dv, 0.f);
+  for (int64_t t = 0; t < kv_len; ++t) {
+    const scalar_t* v = v_buf + token_slots[t] * a.v_slot_stride + head_begin * dv;
+    if (t + 8 < kv_len) __builtin_prefetch(v_buf + token_slots[t + 8] * a.v_slot_stride + head_begin * dv);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = h * rows_per_head + first_visible(t); r < (h + 1) * rows_per_head; ++r) {
+        axpy<kDim>(sc.scores[r * kv_len + t], v + h * dv, sc.acc.data() + r * dv, dv);
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t g = 0; g < a.group; ++g) {
+        const int64_t r = row(h, j, g);
+        scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * dv;
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < dv; ++i) dst[i] = static_cast<scalar_t>(sc.acc[r * dv + i] * sc.inv_sum[r]);
+      }
+    }
+  }
+}
+
+// Calls fn.template operator()<kDim>() with the head dim as a compile-time constant where it is
+// a common one (both dims equal), 0 otherwise.
+template <typename Fn>
+void dispatch_head_dim(const PagedAttentionArgs& a, Fn&& fn) {
+  if (a.head_dim == a.v_head_dim && a.head_dim == 64) {
+    fn.template operator()<64>();
+  } else if (a.head_dim == a.v_head_dim && a.head_dim == 128) {
+    fn.template operator()<128>();
+  } else {
+    fn.template operator()<0>();
+  }
+}
+
+// Checks shared by both entry points; returns the arguments of attend_block.
+inline PagedAttentionArgs check_paged_attention(const at::Tensor& q, const at::Tensor& o, const at::Tensor& k_buffer,
+                                                const at::Tensor& v_buffer, const at::Tensor& req_to_token,
+                                                const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                                                double scale) {
+  CHECK_CPU(q);
+  CHECK_LAST_DIM_CONTIGUOUS(q);
+  CHECK_INPUT(o);
+  CHECK_INPUT(k_buffer);
+  CHECK_INPUT(v_buffer);
+  CHECK_INPUT(req_to_token);
+  CHECK_INPUT(req_pool_indices);
+  CHECK_INPUT(seq_lens);
+  TORCH_CHECK(q.dim() == 3 && o.dim() == 3 && k_buffer.dim() == 3 && v_buffer.dim() == 3,
+              "attention: q, o [tokens, heads, dim] and the pool [slots, kv_heads, dim]");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt, "attention: req_to_token must be int32");
+  TORCH_CHECK(req_pool_indices.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+              "attention: req_pool_indices and seq_lens must be int64");
+  TORCH_CHECK(q.scalar_type() == o.scalar_type(), "attention: q and o dtypes differ");
+  TORCH_CHECK(k_buffer.scalar_type() == q.scalar_type() && v_buffer.scalar_type() == q.scalar_type(),
+              "attention: the KV pool must hold the model dtype");
+  const int64_t heads = q.size(1), kv_heads = k_buffer.size(1);
+  TORCH_CHECK(heads % kv_heads == 0, "attention: query heads must be a multiple of KV heads");
+  PagedAttentionArgs a;
+  a.head_dim = q.size(2);
+  a.v_head_dim = v_buffer.size(2);
+  a.num_kv_heads = kv_heads;
+  a.group = heads / kv_heads;
+  a.q_token_stride = q.stride(0);
+  a.q_head_stride = q.stride(1);
+  a.k_slot_stride = kv_heads * a.head_dim;
+  a.v_slot_stride = kv_heads * a.v_head_dim;
+  a.scale = static_cast<float>(scale);
+  TORCH_CHECK(k_buffer.size(2) == a.head_dim && o.size(2) == a.v_head_dim, "attention: head dims differ");
+  return a;
+}
+
+}  // namespace minisgl

@@ -1,0 +1,56 @@
+// Extend (prefill) attention over the paged KV pool: each request's new tokens attend causally
+// to its cached prefix and to each other (mirrors sgl-kernel/csrc/cpu/extend.cpp,
+// extend_attention_cpu).
+//
+// Work items are (request, block of new tokens, KV head). The new tokens' K/V are written to the
+// pool first, so prefix and new keys are read the same way, through req_to_token.
+#include "attention.h"
+
+namespace minisgl {
+
+// q, o: [num_tokens, heads, dim], the requests' new tokens back to back; extend_seq_lens and
+// extend_start_loc say where each request's run starts and how long it is; seq_lens include them.
+void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                          const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
+                          const at::Tensor& extend_start_loc, double scale) {
+  const PagedAttentionArgs a =
+      check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
+  CHECK_INPUT(extend_seq_lens);
+  CHECK_INPUT(extend_start_loc);
+  const int64_t bs = seq_lens.size(0), max_context = req_to_token.size(1);
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const int64_t* ext_lens = extend_seq_lens.data_ptr<int64_t>();
+  const int64_t* ext_start = extend_start_loc.data_ptr<int64_t>();
+  const int64_t* req_idx = req_pool_indices.data_ptr<int64_t>();
+
+  // Blocks of up to kBlock query tokens; a block's scores are [block * group, its kv_len].
+  constexpr int64_t kBlock = 32;
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (request, first new token)
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < bs; ++b) {
+    TORCH_CHECK(lens[b] <= max_context && ext_lens[b] <= lens[b], "extend_attention_cpu: bad lengths");
+    max_len = std::max(max_len, lens[b]);
+    for (int64_t first = 0; first < ext_lens[b]; first += kBlock) blocks.emplace_back(b, first);
+  }
+  const int64_t num_blocks = static_cast<int64_t>(blocks.size());
+  MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
+    dispatch_head_dim(a, [&]<int kDim>() {
+      at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+        Scratch scratch(kBlock * a.group, a.head_dim, a.v_head_dim, max_len);
+        for (int64_t item = begin; item < end; ++item) {
+          const auto [b, first] = blocks[item / a.num_kv_heads];
+          const int64_t head = item % a.num_kv_heads;
+          const int64_t count = std::min(kBlock, ext_lens[b] - first);
+          attend_block<kDim>(a, q.data_ptr<scalar_t>() + ext_start[b] * q.stride(0),
+                             o.data_ptr<scalar_t>() + ext_start[b] * o.stride(0), o.stride(0),
+                             k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
+                             req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + 1,
+                             /*prefix=*/lens[b] - ext_lens[b], first, count, scratch);
+        }
+      });
+    });
+  });
+}
+
+}  // namespace minisgl

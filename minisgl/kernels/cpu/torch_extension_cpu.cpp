@@ -1,0 +1,49 @@
+// Registers minisgl's CPU kernels as torch.ops.minisgl_kernel.* (mirrors
+// sgl-kernel/csrc/cpu/torch_extension_cpu.cpp, which registers torch.ops.sgl_kernel.*).
+// Registering through TORCH_LIBRARY, not pybind11, lets the ops carry schemas: torch.compile and
+// the profiler see them by name.
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace minisgl {
+at::Tensor rmsnorm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rmsnorm_cpu(const at::Tensor& input, const at::Tensor& residual,
+                                                         const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul_cpu(const at::Tensor& input);
+std::tuple<at::Tensor, at::Tensor> rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
+                                                        const at::Tensor& key, int64_t head_size,
+                                                        const at::Tensor& cos_sin_cache);
+void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                          const at::Tensor& seq_lens, double scale);
+void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                          const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
+                          const at::Tensor& extend_start_loc, double scale);
+}  // namespace minisgl
+
+TORCH_LIBRARY(minisgl_kernel, m) {
+  m.def("rmsnorm_cpu(Tensor input, Tensor weight, float eps) -> Tensor");
+  m.def("fused_add_rmsnorm_cpu(Tensor input, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("silu_and_mul_cpu(Tensor input) -> Tensor");
+  m.def(
+      "rotary_embedding_cpu(Tensor positions, Tensor query, Tensor key, int head_size, Tensor cos_sin_cache)"
+      " -> (Tensor, Tensor)");
+  m.def(
+      "decode_attention_cpu(Tensor q, Tensor(a!) o, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token,"
+      " Tensor req_pool_indices, Tensor seq_lens, float scale) -> ()");
+  m.def(
+      "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token,"
+      " Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens, Tensor extend_start_loc,"
+      " float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
+  m.impl("rmsnorm_cpu", &minisgl::rmsnorm_cpu);
+  m.impl("fused_add_rmsnorm_cpu", &minisgl::fused_add_rmsnorm_cpu);
+  m.impl("silu_and_mul_cpu", &minisgl::silu_and_mul_cpu);
+  m.impl("rotary_embedding_cpu", &minisgl::rotary_embedding_cpu);
+  m.impl("decode_attention_cpu", &minisgl::decode_attention_cpu);
+  m.impl("extend_attention_cpu", &minisgl::extend_attention_cpu);
+}

@@ -1,0 +1,66 @@
+"""Attention over the paged KV pool with minisgl's C++ CPU kernels: the CPU default.
+
+Mirrors python/sglang/srt/layers/attention/intel_amx_backend.py (IntelAMXAttnBackend), the
+backend SGLang picks on CPU (ServerArgs._handle_cpu_backends). The name is SGLang's: its
+kernels use Intel AMX tiles where the CPU has them. minisgl's kernels
+(minisgl/kernels/cpu/decode.cpp, extend.cpp) are plain C++ that the compiler vectorizes for
+whatever CPU builds them, and run on any x86 or Arm machine with a C++ compiler.
+
+Unlike torch_native, neither mode copies K/V out of the pool: the kernels read each request's
+slots in place through ``req_to_token`` and parallelize over (request, KV head) pairs, so a
+decode step costs one pass over the live KV, not a gather into a padded batch plus an SDPA.
+SGLang's kernels also store the new K/V and split long sequences across threads; here the
+store is ``set_kv_buffer``, as in the other backends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.layers.attention.base_attn_backend import AttentionBackend
+from minisgl.kernels.cpu import is_available
+
+
+class IntelAMXAttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        if not is_available():
+            raise RuntimeError(
+                "attention_backend 'intel_amx' needs minisgl's CPU kernels, which could not be built here "
+                "(see the warning above); use attention_backend='torch_native'"
+            )
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        """Nothing to precompute: the kernels take the batch's own index tensors."""
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        q, o = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        torch.ops.minisgl_kernel.extend_attention_cpu(
+            q, o, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
+            forward_batch.extend_seq_lens, forward_batch.extend_start_loc, layer.scaling,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        q, o = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        torch.ops.minisgl_kernel.decode_attention_cpu(
+            q, o, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
+            layer.scaling,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    @staticmethod
+    def _prepare(q, k, v, layer, forward_batch, save_kv_cache):
+        """Store the new tokens' K/V (the kernels read them from the pool) and shape q and the output."""
+        assert not layer.logit_cap, "the CPU kernels do not implement logit capping"
+        if save_kv_cache:
+            forward_batch.token_to_kv_pool.set_kv_buffer(
+                layer.layer_id,
+                forward_batch.out_cache_loc,
+                k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+                v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            )
+        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        return q, q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim)

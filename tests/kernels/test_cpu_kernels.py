@@ -1,0 +1,123 @@
+"""minisgl's C++ CPU kernels (minisgl/kernels/cpu) against the plain-torch code they replace.
+
+Attention is checked against a per-request SDPA over keys gathered through req_to_token;
+the elementwise kernels against the layers' forward_native, bit-for-bit in float32 where the
+reference rounds at the same points.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl.kernels.cpu import is_available
+from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.layernorm import RMSNorm
+from minisgl.layers.rotary_embedding import get_rope
+
+pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
+ops = torch.ops.minisgl_kernel
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed):
+    """Requests with random pool slots (scattered, as with page_size 1) and KV already stored."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    pool = sum(seq_lens) * 2 + 8
+    max_context = max(seq_lens) + 5
+    req_to_token = torch.zeros(len(seq_lens) + 3, max_context, dtype=torch.int32)
+    req_pool_indices = torch.randperm(len(seq_lens) + 3, generator=g)[: len(seq_lens)]
+    slots = torch.randperm(pool, generator=g)[: sum(seq_lens)].to(torch.int32).split(seq_lens)
+    for r, s in zip(req_pool_indices.tolist(), slots):
+        req_to_token[r, : len(s)] = s
+    randn = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    num_tokens = sum(extend_lens)
+    # q as the strided view the QKV projection produces: [tokens, heads * dim] inside a wider row
+    qkv = randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim)
+    q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    return dict(
+        q=q,
+        k_buffer=randn(pool, num_kv_heads, head_dim),
+        v_buffer=randn(pool, num_kv_heads, head_dim),
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices.long(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+        extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int64),
+        extend_start_loc=torch.tensor([0] + extend_lens[:-1], dtype=torch.int64).cumsum(0),
+        slots=slots,
+        prefix_lens=prefix_lens,
+    )
+
+
+def reference_attention(c, scale):
+    """Each request's new tokens attend causally to its whole sequence, in float64."""
+    out, start = [], 0
+    for slots, prefix, ext in zip(c["slots"], c["prefix_lens"], c["extend_seq_lens"].tolist()):
+        q = c["q"][start : start + ext].double().transpose(0, 1)  # [heads, ext, dim]
+        k = c["k_buffer"][slots.long()].double().transpose(0, 1)  # [kv_heads, seq, dim]
+        v = c["v_buffer"][slots.long()].double().transpose(0, 1)
+        mask = torch.ones(ext, prefix + ext, dtype=torch.bool).tril(diagonal=prefix)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out.append(o.transpose(0, 1))
+        start += ext
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4), (8, 1)])
+def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
+    seq_lens = [1, 7, 64, 200, 33]
+    c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, 64, dtype, seed=0)
+    o = torch.empty(len(seq_lens), num_heads, 64, dtype=dtype)
+    ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], c["req_to_token"], c["req_pool_indices"],
+                             c["seq_lens"], 0.125)
+    torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0, 0], [1, 45, 100]), ([0, 17, 64], [70, 3, 33])])
+def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens):
+    c = make_paged_case(prefix_lens, extend_lens, 9, 3, 64, dtype, seed=1)
+    o = torch.empty(sum(extend_lens), 9, 64, dtype=dtype)
+    ops.extend_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], c["req_to_token"], c["req_pool_indices"],
+                             c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
+    torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_attention_rejects_a_pool_of_another_dtype():
+    c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
+    o = torch.empty(1, 4, 64)
+    with pytest.raises(RuntimeError, match="model dtype"):
+        ops.decode_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], c["req_to_token"],
+                                 c["req_pool_indices"], c["seq_lens"], 0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_forward_native(dtype):
+    norm = RMSNorm(576, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(576).to(dtype)
+    x, res = torch.randn(37, 576).to(dtype), torch.randn(37, 576).to(dtype)
+    torch.testing.assert_close(ops.rmsnorm_cpu(x, norm.weight, 1e-5), norm.forward_native(x), atol=TOLERANCE[dtype], rtol=0)
+    out, new_res = ops.fused_add_rmsnorm_cpu(x, res, norm.weight, 1e-5)
+    ref_out, ref_res = norm.forward_native(x, res)
+    torch.testing.assert_close(new_res, ref_res, atol=0, rtol=0)  # one rounded add: exact
+    torch.testing.assert_close(out, ref_out, atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_torch(dtype):
+    x = torch.randn(23, 2 * 1536).to(dtype) * 4
+    torch.testing.assert_close(ops.silu_and_mul_cpu(x), SiluAndMul().forward_native(x), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rotary_embedding_matches_forward_native(dtype, rotary_dim):
+    rope = get_rope(64, rotary_dim, 512, 10000.0)
+    qkv = torch.randn(19, (9 + 2 * 3) * 64).to(dtype)
+    q, k = qkv[:, : 9 * 64], qkv[:, 9 * 64 : 12 * 64]  # strided views, as the models pass them
+    positions = torch.randint(0, 512, (19,))
+    q_out, k_out = ops.rotary_embedding_cpu(positions, q, k, 64, rope.cos_sin_cache)
+    q_ref, k_ref = rope.forward_native(positions, q, k)
+    torch.testing.assert_close(q_out, q_ref, atol=TOLERANCE[dtype], rtol=0)
+    torch.testing.assert_close(k_out, k_ref, atol=TOLERANCE[dtype], rtol=0)
