@@ -10,6 +10,8 @@ handles quantized weights and many kernels; minisgl keeps dense weights.
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import Optional
 
 import torch
@@ -30,10 +32,16 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     SGLang's UnquantizedLinearMethod.apply likewise takes a CPU-specific kernel when it can.
     On CPU, F.linear goes through MKL's sgemm, which measured about half of oneDNN's rate
     on these machines (shared/DESIGN.md); oneDNN's linear takes a plain weight or, faster,
-    one that pack_linear_weight put in its blocked layout.
+    one that pack_linear_weight put in its blocked layout, possibly upcast to float32.
     """
     if weight.is_mkldnn or (x.is_cpu and torch.backends.mkldnn.is_available()):
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+        x2d = x.reshape(-1, x.shape[-1])
+        if weight.dtype != x.dtype:  # a float32 copy of a bf16/fp16 weight: see pack_linear_weight
+            y = torch.ops.mkldnn._linear_pointwise(
+                x2d.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype), "none", [], ""
+            ).to(x.dtype)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
         return y.view(*x.shape[:-1], y.shape[-1])
     return F.linear(x, weight, bias)
 
@@ -45,12 +53,44 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     CPU weights once after loading for its own GEMM kernel. oneDNN otherwise reorders the plain
     weight on every call; packed once, decode-sized GEMMs measured 25-35% faster here. The
     result is an opaque tensor only apply_linear reads. Elsewhere the weight is returned as is.
+
+    A 16-bit weight is packed as float32 where this CPU multiplies float32 faster than bf16
+    (no AMX: oneDNN's bf16 GEMM measured 1.5-1.7x slower than float32 on such a Xeon, at every
+    batch size). Each product of two bf16 numbers is exact in float32 and oneDNN's bf16 GEMM
+    accumulates in float32 too, so the result differs from the bf16 GEMM's only in summation
+    order; it costs twice the weight memory.
     """
-    packable = {torch.float32} | ({torch.bfloat16} if torch.ops.mkldnn._is_mkldnn_bf16_supported() else set())
-    if not (weight.is_cpu and torch.backends.mkldnn.is_available() and weight.dtype in packable):
+    if not (weight.is_cpu and torch.backends.mkldnn.is_available()):
         return weight
-    # The hint is the batch size oneDNN tunes the layout for; any batch size works.
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
+    if weight.dtype in (torch.bfloat16, torch.float16) and _cpu_prefers_float32_gemm():
+        weight = weight.float()
+    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        # The hint is the batch size oneDNN tunes the layout for; any batch size works.
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
+    return weight
+
+
+@functools.cache
+def _cpu_prefers_float32_gemm() -> bool:
+    """Whether oneDNN runs a decode-sized float32 GEMM clearly faster than the same bf16 one here.
+
+    Decided by timing both (about 50 ms, once per process), since it depends on the CPU's
+    matrix units: AMX or a full-rate bf16 dot product make bf16 the faster one.
+    """
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return True
+
+    def best_time(dtype: torch.dtype) -> float:
+        x = torch.randn(64, 1024).to(dtype)
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(2048, 1024).to(dtype), 64)
+        times = []
+        for _ in range(6):
+            start = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best_time(torch.bfloat16) > 1.25 * best_time(torch.float32)
 
 
 class LinearBase(nn.Module):

@@ -9,6 +9,8 @@
 
 #include "common.h"
 
+#include <ATen/cpu/vec/functional.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -21,104 +23,109 @@ struct PagedAttentionArgs {
   float scale;
 };
 
-// Dot product and y += a * x over a head's vector. kDim is the head dim when known at compile
-// time (the common 64 and 128: the loops then unroll into a few vector instructions) and 0 otherwise.
-template <int kDim, typename T>
-inline float dot(const float* q, const T* k, int64_t dim) {
-  const int64_t n = kDim ? kDim : dim;
-  float s = 0.f;
-  _Pragma("omp simd reduction(+ : s)")
-  for (int64_t i = 0; i < n; ++i) s += q[i] * static_cast<float>(k[i]);
-  return s;
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kMaxHeadDim = 256;
+
+// Vec::size() consecutive values of a K/V/q row as float32 (bf16 and fp16 widen exactly).
+template <typename T>
+inline Vec load_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(p);
+  } else {
+    Vec out;
+    at::vec::load_to_float<T>(p, out);
+    return out;
+  }
 }
 
-template <int kDim, typename T>
-inline void axpy(float a, const T* x, float* y, int64_t dim) {
-  const int64_t n = kDim ? kDim : dim;
-  _Pragma("omp simd")
-  for (int64_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
-}
-
-// Per-thread scratch: the block's queries (scaled, float32), scores and output accumulators.
+// Per-thread scratch: the block's queries (scaled, float32), scores and softmax denominators.
 struct Scratch {
-  std::vector<float> q_rows, scores, acc, inv_sum;
-  Scratch(int64_t rows, int64_t head_dim, int64_t v_head_dim, int64_t max_kv_len)
-      : q_rows(rows * head_dim), scores(rows * max_kv_len), acc(rows * v_head_dim), inv_sum(rows) {}
+  std::vector<float> q_rows, scores, inv_sum;
+  Scratch(int64_t rows, int64_t head_dim, int64_t max_kv_len)
+      : q_rows(rows * head_dim), scores(rows * max_kv_len), inv_sum(rows) {}
 };
 
 // Queries: tokens [first, first + count) of a request whose new tokens start at absolute position
 // `prefix` (token j sits at prefix + j and sees keys 0..prefix + j), for KV heads
 // [head_begin, head_end) and the `group` query heads of each. Scratch must hold
 // count * group * (head_end - head_begin) rows and prefix + first + count keys.
+// kDim is the head dim when it is a compile-time constant (64, 128: loops over a row unroll
+// into a few vector instructions), 0 otherwise; either way a multiple of Vec::size().
 template <int kDim, typename scalar_t>
 void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
                   const scalar_t* k_buf, const scalar_t* v_buf, const int32_t* token_slots, int64_t head_begin,
                   int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc) {
-  const int64_t d = a.head_dim, dv = a.v_head_dim, heads = head_end - head_begin;
+  const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
+  const int64_t heads = head_end - head_begin;
   const int64_t rows_per_head = count * a.group, rows = heads * rows_per_head;
   const int64_t kv_len = prefix + first + count;  // keys visible to the block's last token
   // Row r = (KV head h, token j, query head g): the rows of one KV head are contiguous.
   auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
+  // Keys visible to row r: 0 .. prefix + first + j.
+  auto visible = [&](int64_t r) { return prefix + first + (r % rows_per_head) / a.group + 1; };
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t g = 0; g < a.group; ++g) {
         const scalar_t* src = q + (first + j) * a.q_token_stride + ((head_begin + h) * a.group + g) * a.q_head_stride;
         float* dst = sc.q_rows.data() + row(h, j, g) * d;
-        _Pragma("omp simd")
-        for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]) * a.scale;
+        for (int64_t c = 0; c < n_vec; ++c) (load_float(src + c * Vec::size()) * Vec(a.scale)).store(dst + c * Vec::size());
       }
     }
   }
-  // Key t is visible to tokens j >= t - prefix - first: within each head, a suffix of its rows.
-  auto first_visible = [&](int64_t t) { return std::max<int64_t>(0, t - prefix - first) * a.group; };
 
-  // 1. scores[r][t] = q_r . k_t, one pass over the keys; a slot's heads sit side by side.
+  // 1. scores[r][t] = q_r . k_t: each key row is loaded (and widened) once, for all rows that see it.
+  Vec k[kMaxHeadDim / Vec::size()];
   for (int64_t t = 0; t < kv_len; ++t) {
-    const scalar_t* k = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
-    if (t + 8 < kv_len) __builtin_prefetch(k_buf + token_slots[t + 8] * a.k_slot_stride + head_begin * d);
+    const scalar_t* k_slot = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
+    if (t + 4 < kv_len) __builtin_prefetch(k_buf + token_slots[t + 4] * a.k_slot_stride + head_begin * d);
+    // Key t is visible to tokens j >= t - prefix - first: within each head, a suffix of its rows.
+    const int64_t skip = std::max<int64_t>(0, t - prefix - first) * a.group;
     for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t r = h * rows_per_head + first_visible(t); r < (h + 1) * rows_per_head; ++r) {
-        sc.scores[r * kv_len + t] = dot<kDim>(sc.q_rows.data() + r * d, k + h * d, d);
+      for (int64_t c = 0; c < n_vec; ++c) k[c] = load_float(k_slot + h * d + c * Vec::size());
+      for (int64_t r = h * rows_per_head + skip; r < (h + 1) * rows_per_head; ++r) {
+        const float* qr = sc.q_rows.data() + r * d;
+        Vec acc = Vec::loadu(qr) * k[0];
+        for (int64_t c = 1; c < n_vec; ++c) acc = at::vec::fmadd(Vec::loadu(qr + c * Vec::size()), k[c], acc);
+        sc.scores[r * kv_len + t] = acc.reduce_add();
       }
     }
   }
   // 2. softmax over each row's visible keys (the division is deferred to the output)
   for (int64_t r = 0; r < rows; ++r) {
     float* s = sc.scores.data() + r * kv_len;
-    const int64_t visible = prefix + first + (r % rows_per_head) / a.group + 1;
-    const float m = *std::max_element(s, s + visible);
-    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible, m);
+    const float m = *std::max_element(s, s + visible(r));
+    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
   }
-  // 3. acc[r] = sum_t p[r][t] * v_t, one pass over the values
-  std::fill(sc.acc.begin(), sc.acc.begin() + rows * dv, 0.f);
-  for (int64_t t = 0; t < kv_len; ++t) {
-    const scalar_t* v = v_buf + token_slots[t] * a.v_slot_stride + head_begin * dv;
-    if (t + 8 < kv_len) __builtin_prefetch(v_buf + token_slots[t + 8] * a.v_slot_stride + head_begin * dv);
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t r = h * rows_per_head + first_visible(t); r < (h + 1) * rows_per_head; ++r) {
-        axpy<kDim>(sc.scores[r * kv_len + t], v + h * dv, sc.acc.data() + r * dv, dv);
-      }
-    }
-  }
+  // 3. o_r = sum_t p[r][t] * v_t / sum_r, row by row so the accumulator stays in registers.
+  Vec acc[kMaxHeadDim / Vec::size()];
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t g = 0; g < a.group; ++g) {
         const int64_t r = row(h, j, g);
-        scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * dv;
-        _Pragma("omp simd")
-        for (int64_t i = 0; i < dv; ++i) dst[i] = static_cast<scalar_t>(sc.acc[r * dv + i] * sc.inv_sum[r]);
+        const float* p = sc.scores.data() + r * kv_len;
+        for (int64_t c = 0; c < n_vec; ++c) acc[c] = Vec(0.f);
+        for (int64_t t = 0; t < visible(r); ++t) {
+          const scalar_t* v = v_buf + token_slots[t] * a.v_slot_stride + (head_begin + h) * d;
+          const Vec pt(p[t]);
+          for (int64_t c = 0; c < n_vec; ++c) acc[c] = at::vec::fmadd(pt, load_float(v + c * Vec::size()), acc[c]);
+        }
+        scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
+        const Vec inv(sc.inv_sum[r]);
+        float out[kMaxHeadDim];
+        for (int64_t c = 0; c < n_vec; ++c) (acc[c] * inv).store(out + c * Vec::size());
+        for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<scalar_t>(out[i]);
       }
     }
   }
 }
 
 // Calls fn.template operator()<kDim>() with the head dim as a compile-time constant where it is
-// a common one (both dims equal), 0 otherwise.
+// a common one, 0 otherwise.
 template <typename Fn>
 void dispatch_head_dim(const PagedAttentionArgs& a, Fn&& fn) {
-  if (a.head_dim == a.v_head_dim && a.head_dim == 64) {
+  if (a.head_dim == 64) {
     fn.template operator()<64>();
-  } else if (a.head_dim == a.v_head_dim && a.head_dim == 128) {
+  } else if (a.head_dim == 128) {
     fn.template operator()<128>();
   } else {
     fn.template operator()<0>();
@@ -159,6 +166,9 @@ inline PagedAttentionArgs check_paged_attention(const at::Tensor& q, const at::T
   a.v_slot_stride = kv_heads * a.v_head_dim;
   a.scale = static_cast<float>(scale);
   TORCH_CHECK(k_buffer.size(2) == a.head_dim && o.size(2) == a.v_head_dim, "attention: head dims differ");
+  TORCH_CHECK(a.v_head_dim == a.head_dim && a.head_dim % Vec::size() == 0 && a.head_dim <= kMaxHeadDim,
+              "attention: the kernels need equal Q/K and V head dims, a multiple of ", Vec::size(), " up to ",
+              kMaxHeadDim);
   return a;
 }
 

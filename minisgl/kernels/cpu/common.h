@@ -24,8 +24,9 @@
 
 // The model dtypes every kernel accepts. (Loops inside these lambdas use _Pragma("omp simd"):
 // a #pragma line cannot sit inside a macro argument.)
-#define MINISGL_DISPATCH_FLOATING_TYPES(TYPE, NAME, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::ScalarType::BFloat16, at::ScalarType::Half, TYPE, NAME, __VA_ARGS__)
+#define MINISGL_DISPATCH_FLOATING_TYPES(TYPE, NAME, ...)                 \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace minisgl {
 

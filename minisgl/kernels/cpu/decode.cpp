@@ -26,7 +26,7 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& 
     const int64_t* lens = seq_lens.data_ptr<int64_t>();
     dispatch_head_dim(a, [&]<int kDim>() {
       at::parallel_for(0, bs * items_per_req, 1, [&](int64_t begin, int64_t end) {
-        Scratch scratch(heads_per_item * a.group, a.head_dim, a.v_head_dim, max_len);
+        Scratch scratch(heads_per_item * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
           const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
           attend_block<kDim>(a, q.data_ptr<scalar_t>() + b * q.stride(0), o.data_ptr<scalar_t>() + b * o.stride(0),

@@ -37,7 +37,7 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& 
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
     dispatch_head_dim(a, [&]<int kDim>() {
       at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-        Scratch scratch(kBlock * a.group, a.head_dim, a.v_head_dim, max_len);
+        Scratch scratch(kBlock * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
           const auto [b, first] = blocks[item / a.num_kv_heads];
           const int64_t head = item % a.num_kv_heads;
