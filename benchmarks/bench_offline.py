@@ -1,49 +1,59 @@
-"""Offline throughput: minisgl against HF transformers on the same workload, in one run.
+"""Offline throughput: minisgl against HF transformers and vLLM's CPU build on one workload, in one run.
 
-    python benchmarks/bench_offline.py                       # f32, the default workload
-    python benchmarks/bench_offline.py --dtype bfloat16
-    python benchmarks/bench_offline.py --num-requests 16 --hf-one-at-a-time 4   # quicker
+    python benchmarks/bench_offline.py                        # float32 and bfloat16, every peer
+    python benchmarks/bench_offline.py --dtypes float32 --num-requests 16 --hf-one-at-a-time 4   # quicker
 
-Workload (fixed by --seed): prompts of random token ids with lengths in
-[--min-input, --max-input], outputs of [--min-output, --max-output] tokens, greedy,
-EOS ignored, so every engine does exactly the same work. Prints tokens/s (generated
-tokens over wall time), startup time and peak RSS of each engine, and the ratios
-minisgl / baseline. HF "one at a time" runs a subset of the requests (throughput is
-a rate, so a subset measures it at a fraction of the cost); HF "padded batch" runs
-all requests in left-padded batches and reports the best batch size tried.
+Workload (benchmarks/workload.py, fixed by --seed): prompts of random token ids with lengths in
+[--min-input, --max-input], outputs of [--min-output, --max-output] tokens, greedy, EOS ignored,
+so every engine does exactly the same work. Each engine runs in its own process (so its startup
+and peak RSS are its own), one after the other:
+
+- minisgl's offline ``Engine``;
+- HF transformers ``generate``, one request at a time (on a subset: throughput is a rate) and in
+  left-padded batches (the best of --hf-batch-sizes is kept);
+- vLLM's CPU build, when --vllm-python names an interpreter that has it
+  (scripts/setup_vllm_cpu.sh makes .venv-vllm, the default).
+
+For each dtype it prints tokens/s (generated tokens over wall time), startup (model load to the first
+generated token), peak RSS, the ratio minisgl / engine, and the workload's compute floor:
+its FLOPs over the fastest GEMM rate this CPU reaches in that dtype (measured in the same run), the
+time no engine can beat, and what share of it each engine gets. For minisgl it also prints the
+engine overhead of decode steps with >= 32 requests (step time outside the model forward).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import os
-import random
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from workload import make_workload  # noqa: E402,F401  (bench_serving imports it from here)
 
-def make_workload(n, min_in, max_in, min_out, max_out, vocab, seed):
-    rng = random.Random(seed)
-    return [
-        ([rng.randrange(100, vocab - 100) for _ in range(rng.randint(min_in, max_in))], rng.randint(min_out, max_out))
-        for _ in range(n)
-    ]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_minisgl(path, workload, dtype, **engine_kwargs):
+# ---- one engine per process: `--engine NAME` runs it and prints one JSON line ----------------------
+
+
+def run_minisgl(path, workload, dtype, max_total_tokens):
     from minisgl.entrypoints.engine import Engine
 
     start = time.perf_counter()
-    engine = Engine(model_path=path, dtype=dtype, **engine_kwargs)
+    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens)
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # first token: startup ends here
     startup = time.perf_counter() - start
     prompts = [p for p, _ in workload]
@@ -55,13 +65,8 @@ def bench_minisgl(path, workload, dtype, **engine_kwargs):
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert tokens == sum(n for _, n in workload)
     engine.shutdown()
-    return {
-        "tok_s": tokens / elapsed,
-        "startup_s": startup,
-        "seconds": elapsed,
-        "overhead": overhead.summary(),
-        "outputs": [o["output_ids"] for o in outs],
-    }
+    return {"tok_s": tokens / elapsed, "startup_s": startup, "overhead": overhead.summary(),
+            "outputs": [o["output_ids"] for o in outs]}
 
 
 class _DecodeOverhead:
@@ -144,10 +149,88 @@ def bench_hf_padded(model, workload, batch_size):
     return tokens / (time.perf_counter() - start)
 
 
+@torch.no_grad()
+def run_hf(path, workload, dtype, mode, batch_size):
+    start = time.perf_counter()
+    model = _hf_model(path, dtype)
+    model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
+    startup = time.perf_counter() - start
+    tok_s = bench_hf_one_at_a_time(model, workload) if mode == "one" else bench_hf_padded(model, workload, batch_size)
+    return {"tok_s": tok_s, "startup_s": startup}
+
+
+def worker_main(args, workload_kwargs) -> None:
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    workload = make_workload(**workload_kwargs)
+    if args.engine == "minisgl":
+        out = run_minisgl(args.model_path, workload, args.dtype, args.max_total_tokens)
+    elif args.engine == "hf-one":
+        out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
+    else:
+        out = run_hf(args.model_path, workload, args.dtype, "padded", int(args.engine.removeprefix("hf-padded-")))
+    out["peak_rss_mb"] = peak_rss_mb()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# ---- the orchestrator ---------------------------------------------------------------------------
+
+
+def run_in_subprocess(cmd: list[str], env: dict | None = None) -> dict | None:
+    """Run one engine's process; its result is the last line that starts with RESULT or {."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(("RESULT ", "{")):
+            return json.loads(line.removeprefix("RESULT "))
+    print(f"  ! {' '.join(cmd[:3])} ... failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return None
+
+
+def workload_flops(config, workload) -> float:
+    """FLOPs of the whole workload: every dense layer on every prompt and generated token, the LM
+    head on every generated token (the engines compute logits only for the last position), and
+    attention's two matmuls over each token's causal context."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", heads)
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    per_layer = h * (heads + 2 * kv_heads) * head_dim + heads * head_dim * h + 3 * h * config.intermediate_size
+    flops = 0.0
+    for prompt, n in workload:
+        tokens = len(prompt) + n - 1  # the last generated token is never fed back
+        flops += 2 * per_layer * layers * tokens + 2 * h * config.vocab_size * n
+        flops += 2 * 2 * heads * head_dim * layers * sum(range(1, tokens + 1))  # q.k and p.v per (query, key)
+    return flops
+
+
+def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
+    """The fastest rate (FLOP/s) oneDNN reaches on this model's MLP up-projection at prefill size,
+    in this dtype or, for bf16, on float32 copies: the floor's denominator."""
+    m, k, n = 2048, config.hidden_size, 2 * config.intermediate_size
+    best = (0.0, "")
+    for compute in ([torch.float32] if dtype == "float32" else [torch.bfloat16, torch.float32]):
+        x = torch.randn(m, k).to(compute)
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(compute), 64)
+        for _ in range(2):
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+            times.append(time.perf_counter() - start)
+        rate = 2 * m * k * n / min(times)
+        best = max(best, (rate, f"oneDNN {str(compute).removeprefix('torch.')}"))
+    return best
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> str:
+    same = sum(x == y for x, y in zip(a, b))
+    return f"{same}/{len(a)} requests with identical greedy tokens"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--min-input", type=int, default=16)
     parser.add_argument("--max-input", type=int, default=256)
@@ -156,46 +239,78 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hf-one-at-a-time", type=int, default=8, help="requests for the HF one-at-a-time baseline (0: skip)")
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+                        help="an interpreter with vllm-cpu installed (scripts/setup_vllm_cpu.sh); skipped if absent")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     from minisgl.model_loader.gguf import resolve_model_path
 
-    path = resolve_model_path(args.model_path)
+    args.model_path = resolve_model_path(args.model_path)  # converts the default model once, before timing
     from transformers import AutoConfig
 
-    vocab = AutoConfig.from_pretrained(path).vocab_size
-    workload = make_workload(
-        args.num_requests, args.min_input, args.max_input, args.min_output, args.max_output, vocab, args.seed
+    config = AutoConfig.from_pretrained(args.model_path)
+    workload_kwargs = dict(
+        num_requests=args.num_requests, min_input=args.min_input, max_input=args.max_input,
+        min_output=args.min_output, max_output=args.max_output, vocab_size=config.vocab_size, seed=args.seed,
     )
+    if args.engine:
+        worker_main(args, workload_kwargs)
+        return
+
+    workload = make_workload(**workload_kwargs)
     total_out = sum(n for _, n in workload)
+    threads = args.threads or torch.get_num_threads()
+    flops = workload_flops(config, workload)
     print(f"workload: {len(workload)} requests, {sum(len(p) for p, _ in workload)} prompt tokens, "
-          f"{total_out} output tokens, dtype {args.dtype}, {torch.get_num_threads()} threads")
+          f"{total_out} output tokens, {flops / 1e12:.2f} TFLOP; {threads} threads; {os.cpu_count()} CPUs")
 
-    ours = bench_minisgl(path, workload, args.dtype, max_total_tokens=args.max_total_tokens)
-    print(f"minisgl               {ours['tok_s']:8.1f} tok/s   startup {ours['startup_s']:.1f}s   "
-          f"peak RSS {peak_rss_mb():.0f} MB")
-    print(f"  {ours['overhead']}")
-    gc.collect()
+    def own(engine: str, dtype: str) -> list[str]:
+        return [sys.executable, __file__, "--engine", engine, "--dtype", dtype, "--model-path", args.model_path,
+                "--threads", str(threads), "--num-requests", str(args.num_requests), "--min-input", str(args.min_input),
+                "--max-input", str(args.max_input), "--min-output", str(args.min_output),
+                "--max-output", str(args.max_output), "--seed", str(args.seed),
+                "--hf-one-at-a-time", str(args.hf_one_at_a_time), "--max-total-tokens", str(args.max_total_tokens)]
 
-    start = time.perf_counter()
-    model = _hf_model(path, args.dtype)
-    hf_startup = time.perf_counter() - start
-    results = {}
-    if args.hf_one_at_a_time:
-        results["HF one at a time"] = bench_hf_one_at_a_time(model, workload[: args.hf_one_at_a_time])
-    for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
-        results[f"HF padded batch {bs}"] = bench_hf_padded(model, workload, bs)
-    for name, tok_s in results.items():
-        print(f"{name:21s} {tok_s:8.1f} tok/s   ratio minisgl/this = {ours['tok_s'] / tok_s:.2f}")
-    padded = {k: v for k, v in results.items() if k.startswith("HF padded")}
-    if padded:
-        best = max(padded, key=padded.get)
-        print(f"best HF padded batch: {best} -> minisgl is {ours['tok_s'] / padded[best]:.2f}x")
-    print(f"HF load time {hf_startup:.1f}s (process peak RSS now {peak_rss_mb():.0f} MB)")
+    for dtype in args.dtypes.split(","):
+        rate, how = best_gemm_rate(config, dtype)
+        floor_tok_s = total_out / (flops / rate)
+        print(f"\n== {dtype}: compute floor {floor_tok_s:.0f} tok/s ({flops / 1e12:.2f} TFLOP at {rate / 1e9:.0f} GFLOP/s, "
+              f"the best GEMM rate measured here, {how})")
+        results: dict[str, dict] = {}
+        results["minisgl"] = run_in_subprocess(own("minisgl", dtype))
+        if args.hf_one_at_a_time:
+            results["HF one at a time"] = run_in_subprocess(own("hf-one", dtype))
+        padded = {}
+        for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
+            padded[bs] = run_in_subprocess(own(f"hf-padded-{bs}", dtype))
+        if any(padded.values()):
+            bs = max((b for b in padded if padded[b]), key=lambda b: padded[b]["tok_s"])
+            results[f"HF padded (best: batch {bs})"] = padded[bs]
+        if Path(args.vllm_python).exists():
+            cmd = [args.vllm_python, str(Path(__file__).parent / "peer_vllm.py"), "--model-path", args.model_path,
+                   "--dtype", dtype, "--workload", json.dumps(workload_kwargs)]
+            cpus = f"0-{threads - 1}"  # vLLM keeps a core for itself unless told to bind them all
+            results["vLLM CPU"] = run_in_subprocess(cmd, env={"VLLM_CPU_OMP_THREADS_BIND": cpus})
+        else:
+            print(f"  vLLM CPU: not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
+
+        ours = results["minisgl"]
+        print(f"  {'engine':30s} {'tok/s':>8s} {'startup':>8s} {'peak RSS':>9s} {'of floor':>9s} {'minisgl/this':>13s}")
+        for name, r in results.items():
+            if r is None:
+                print(f"  {name:30s} {'failed':>8s}")
+                continue
+            ratio = f"{ours['tok_s'] / r['tok_s']:.2f}" if ours else "-"
+            print(f"  {name:30s} {r['tok_s']:8.1f} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
+                  f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {ratio:>13s}")
+        if ours:
+            print(f"  minisgl {ours['overhead']}")
+            if results.get("vLLM CPU"):
+                print(f"  minisgl vs vLLM: {agreement(ours['outputs'], results['vLLM CPU']['outputs'])}")
 
 
 if __name__ == "__main__":

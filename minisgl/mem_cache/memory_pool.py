@@ -63,8 +63,16 @@ class MHATokenToKVPool:
         self.layer_num = layer_num
         self.device = device
         shape = (size + page_size, head_num, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+        self.k_buffer = [self._alloc(shape) for _ in range(layer_num)]
+        self.v_buffer = [self._alloc(shape) for _ in range(layer_num)]
+
+    def _alloc(self, shape: tuple[int, ...]) -> torch.Tensor:
+        # empty, not zeros: on a CPU the pool's untouched pages then cost no RAM (the OS maps them
+        # on first write), so RSS grows with the KV actually in use. Every slot is written before
+        # it is read, except the padding page that masked reads may touch: that one is zeroed.
+        buf = torch.empty(shape, dtype=self.dtype, device=self.device)
+        buf[: self.page_size].zero_()
+        return buf
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]

@@ -68,9 +68,14 @@ def reference_attention(c, scale):
 def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
     seq_lens = [1, 7, 64, 200, 33]
     c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, 64, dtype, seed=0)
+    # The kernel stores the new token's K/V (strided views, as the QKV split gives them) itself.
+    loc = torch.stack([s[-1] for s in c["slots"]]).long()
+    new_kv = torch.randn(len(seq_lens), 2 * num_kv_heads, 64).to(dtype)
+    key, value = new_kv[:, :num_kv_heads], new_kv[:, num_kv_heads:]
     o = torch.empty(len(seq_lens), num_heads, 64, dtype=dtype)
-    ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], c["req_to_token"], c["req_pool_indices"],
-                             c["seq_lens"], 0.125)
+    ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
+                             c["req_pool_indices"], c["seq_lens"], 0.125)
+    assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
@@ -88,8 +93,8 @@ def test_attention_rejects_a_pool_of_another_dtype():
     c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
     o = torch.empty(1, 4, 64)
     with pytest.raises(RuntimeError, match="model dtype"):
-        ops.decode_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], c["req_to_token"],
-                                 c["req_pool_indices"], c["seq_lens"], 0.125)
+        ops.extend_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], c["req_to_token"],
+                                 c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

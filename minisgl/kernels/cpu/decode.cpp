@@ -1,20 +1,35 @@
 // Decode attention over the paged KV pool: one new query token per request
 // (mirrors sgl-kernel/csrc/cpu/decode.cpp, decode_attention_cpu).
 //
-// Each work item reads its request's keys and values once, in place, through req_to_token. The torch_native backend instead gathers every request's K/V into a
-// [batch, max_len] padded copy per layer, which costs more than the attention itself.
+// Each work item first stores its request's new K/V in the pool (as SGLang's kernel does: one
+// scatter fewer per layer than a separate index_put), then reads the request's keys and values
+// once, in place, through req_to_token. The torch_native backend instead gathers every request's
+// K/V into a [batch, max_len] padded copy per layer, which costs more than the attention itself.
 #include "attention.h"
 
 namespace minisgl {
 
-// q, o: [batch, heads, dim]; k_buffer/v_buffer: this layer's pool; seq_lens include the new token,
-// whose K/V must already be in the pool.
-void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+// q, o: [batch, heads, dim]; key, value: [batch, kv_heads, dim], the new token's, stored at pool
+// slots `loc`; k_buffer/v_buffer: this layer's pool; seq_lens include the new token.
+void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
+                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, double scale) {
   const PagedAttentionArgs a =
       check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
   const int64_t bs = q.size(0), max_context = req_to_token.size(1);
+  CHECK_CPU(key);
+  CHECK_CPU(value);
+  CHECK_LAST_DIM_CONTIGUOUS(key);
+  CHECK_LAST_DIM_CONTIGUOUS(value);
+  CHECK_INPUT(loc);
+  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) == bs && value.size(0) == bs && loc.numel() == bs &&
+                  key.size(1) == a.num_kv_heads && value.size(1) == a.num_kv_heads && key.size(2) == a.head_dim &&
+                  value.size(2) == a.v_head_dim,
+              "decode_attention_cpu: key/value must be [batch, kv_heads, dim] with one loc per request");
+  TORCH_CHECK(key.scalar_type() == q.scalar_type() && value.scalar_type() == q.scalar_type() &&
+                  loc.scalar_type() == at::kLong,
+              "decode_attention_cpu: key/value must be the model dtype and loc int64");
   const int64_t max_len = bs ? seq_lens.max().item<int64_t>() : 0;
   TORCH_CHECK(max_len <= max_context, "decode_attention_cpu: seq_len exceeds req_to_token");
   // One work item per request (all its KV heads: a slot's K/V rows are read whole) when there are
@@ -24,11 +39,18 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& 
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention_cpu", [&] {
     const int64_t* req_idx = req_pool_indices.data_ptr<int64_t>();
     const int64_t* lens = seq_lens.data_ptr<int64_t>();
+    const int64_t* slots = loc.data_ptr<int64_t>();
     dispatch_head_dim(a, [&]<int kDim>() {
       at::parallel_for(0, bs * items_per_req, 1, [&](int64_t begin, int64_t end) {
         Scratch scratch(heads_per_item * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
           const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
+          for (int64_t h = head; h < head + heads_per_item; ++h) {
+            std::copy_n(key.data_ptr<scalar_t>() + b * key.stride(0) + h * key.stride(1), a.head_dim,
+                        k_buffer.data_ptr<scalar_t>() + slots[b] * a.k_slot_stride + h * a.head_dim);
+            std::copy_n(value.data_ptr<scalar_t>() + b * value.stride(0) + h * value.stride(1), a.v_head_dim,
+                        v_buffer.data_ptr<scalar_t>() + slots[b] * a.v_slot_stride + h * a.v_head_dim);
+          }
           attend_block<kDim>(a, q.data_ptr<scalar_t>() + b * q.stride(0), o.data_ptr<scalar_t>() + b * o.stride(0),
                              o.stride(0), k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
                              req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + heads_per_item,

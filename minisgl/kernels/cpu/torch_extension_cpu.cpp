@@ -14,7 +14,8 @@ at::Tensor silu_and_mul_cpu(const at::Tensor& input);
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
                                                         const at::Tensor& key, int64_t head_size,
                                                         const at::Tensor& cos_sin_cache);
-void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
+                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, double scale);
 void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
@@ -31,8 +32,8 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       "rotary_embedding_cpu(Tensor positions, Tensor query, Tensor key, int head_size, Tensor cos_sin_cache)"
       " -> (Tensor, Tensor)");
   m.def(
-      "decode_attention_cpu(Tensor q, Tensor(a!) o, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token,"
-      " Tensor req_pool_indices, Tensor seq_lens, float scale) -> ()");
+      "decode_attention_cpu(Tensor q, Tensor(a!) o, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor key,"
+      " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float scale) -> ()");
   m.def(
       "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token,"
       " Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens, Tensor extend_start_loc,"
