@@ -49,6 +49,14 @@ def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim,
     )
 
 
+def new_kv(c, extend_lens, num_kv_heads, dtype):
+    """The new tokens' K/V, as strided views like the QKV split's, and their slots: the kernels
+    store them in the pool themselves before attending."""
+    loc = torch.cat([s[len(s) - n :] for s, n in zip(c["slots"], extend_lens)]).long()
+    kv = torch.randn(len(loc), 2 * num_kv_heads, 64).to(dtype)
+    return kv[:, :num_kv_heads], kv[:, num_kv_heads:], loc
+
+
 def reference_attention(c, scale):
     """Each request's new tokens attend causally to its whole sequence, in float64."""
     out, start = [], 0
@@ -68,10 +76,7 @@ def reference_attention(c, scale):
 def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
     seq_lens = [1, 7, 64, 200, 33]
     c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, 64, dtype, seed=0)
-    # The kernel stores the new token's K/V (strided views, as the QKV split gives them) itself.
-    loc = torch.stack([s[-1] for s in c["slots"]]).long()
-    new_kv = torch.randn(len(seq_lens), 2 * num_kv_heads, 64).to(dtype)
-    key, value = new_kv[:, :num_kv_heads], new_kv[:, num_kv_heads:]
+    key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype)
     o = torch.empty(len(seq_lens), num_heads, 64, dtype=dtype)
     ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
                              c["req_pool_indices"], c["seq_lens"], 0.125)
@@ -83,18 +88,22 @@ def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0, 0], [1, 45, 100]), ([0, 17, 64], [70, 3, 33])])
 def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens):
     c = make_paged_case(prefix_lens, extend_lens, 9, 3, 64, dtype, seed=1)
+    key, value, loc = new_kv(c, extend_lens, 3, dtype)
     o = torch.empty(sum(extend_lens), 9, 64, dtype=dtype)
-    ops.extend_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], c["req_to_token"], c["req_pool_indices"],
-                             c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
+    ops.extend_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
+                             c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
+    assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 def test_attention_rejects_a_pool_of_another_dtype():
     c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
+    key, value, loc = new_kv(c, [1], 4, torch.float32)
     o = torch.empty(1, 4, 64)
     with pytest.raises(RuntimeError, match="model dtype"):
-        ops.extend_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], c["req_to_token"],
-                                 c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
+        ops.extend_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], key, value, loc,
+                                 c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"],
+                                 c["extend_start_loc"], 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

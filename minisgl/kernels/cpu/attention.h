@@ -119,6 +119,37 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   }
 }
 
+// Copies new token i's K/V heads [head_begin, head_end) from key/value ([tokens, kv_heads, dim],
+// possibly strided views of the QKV output) into the pool at slot loc[i].
+template <typename scalar_t>
+inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const at::Tensor& value, int64_t i,
+                     int64_t slot, int64_t head_begin, int64_t head_end, scalar_t* k_buf, scalar_t* v_buf) {
+  for (int64_t h = head_begin; h < head_end; ++h) {
+    std::copy_n(key.data_ptr<scalar_t>() + i * key.stride(0) + h * key.stride(1), a.head_dim,
+                k_buf + slot * a.k_slot_stride + h * a.head_dim);
+    std::copy_n(value.data_ptr<scalar_t>() + i * value.stride(0) + h * value.stride(1), a.v_head_dim,
+                v_buf + slot * a.v_slot_stride + h * a.v_head_dim);
+  }
+}
+
+// Checks the new tokens' key/value ([tokens, kv_heads, dim]) and their slots against the pool.
+inline void check_new_kv(const PagedAttentionArgs& a, const at::Tensor& q, const at::Tensor& key,
+                         const at::Tensor& value, const at::Tensor& loc) {
+  CHECK_CPU(key);
+  CHECK_CPU(value);
+  CHECK_LAST_DIM_CONTIGUOUS(key);
+  CHECK_LAST_DIM_CONTIGUOUS(value);
+  CHECK_INPUT(loc);
+  const int64_t n = q.size(0);
+  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) == n && value.size(0) == n && loc.numel() == n &&
+                  key.size(1) == a.num_kv_heads && value.size(1) == a.num_kv_heads && key.size(2) == a.head_dim &&
+                  value.size(2) == a.v_head_dim,
+              "attention: key/value must be [tokens, kv_heads, dim] with one loc per query token");
+  TORCH_CHECK(key.scalar_type() == q.scalar_type() && value.scalar_type() == q.scalar_type() &&
+                  loc.scalar_type() == at::kLong,
+              "attention: key/value must be the model dtype and loc int64");
+}
+
 // Calls fn.template operator()<kDim>() with the head dim as a compile-time constant where it is
 // a common one, 0 otherwise.
 template <typename Fn>

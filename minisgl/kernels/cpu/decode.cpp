@@ -18,18 +18,7 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
   const PagedAttentionArgs a =
       check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
   const int64_t bs = q.size(0), max_context = req_to_token.size(1);
-  CHECK_CPU(key);
-  CHECK_CPU(value);
-  CHECK_LAST_DIM_CONTIGUOUS(key);
-  CHECK_LAST_DIM_CONTIGUOUS(value);
-  CHECK_INPUT(loc);
-  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) == bs && value.size(0) == bs && loc.numel() == bs &&
-                  key.size(1) == a.num_kv_heads && value.size(1) == a.num_kv_heads && key.size(2) == a.head_dim &&
-                  value.size(2) == a.v_head_dim,
-              "decode_attention_cpu: key/value must be [batch, kv_heads, dim] with one loc per request");
-  TORCH_CHECK(key.scalar_type() == q.scalar_type() && value.scalar_type() == q.scalar_type() &&
-                  loc.scalar_type() == at::kLong,
-              "decode_attention_cpu: key/value must be the model dtype and loc int64");
+  check_new_kv(a, q, key, value, loc);
   const int64_t max_len = bs ? seq_lens.max().item<int64_t>() : 0;
   TORCH_CHECK(max_len <= max_context, "decode_attention_cpu: seq_len exceeds req_to_token");
   // One work item per request (all its KV heads: a slot's K/V rows are read whole) when there are
@@ -45,12 +34,8 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
         Scratch scratch(heads_per_item * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
           const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
-          for (int64_t h = head; h < head + heads_per_item; ++h) {
-            std::copy_n(key.data_ptr<scalar_t>() + b * key.stride(0) + h * key.stride(1), a.head_dim,
-                        k_buffer.data_ptr<scalar_t>() + slots[b] * a.k_slot_stride + h * a.head_dim);
-            std::copy_n(value.data_ptr<scalar_t>() + b * value.stride(0) + h * value.stride(1), a.v_head_dim,
-                        v_buffer.data_ptr<scalar_t>() + slots[b] * a.v_slot_stride + h * a.v_head_dim);
-          }
+          store_kv(a, key, value, b, slots[b], head, head + heads_per_item, k_buffer.data_ptr<scalar_t>(),
+                   v_buffer.data_ptr<scalar_t>());
           attend_block<kDim>(a, q.data_ptr<scalar_t>() + b * q.stride(0), o.data_ptr<scalar_t>() + b * o.stride(0),
                              o.stride(0), k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
                              req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + heads_per_item,

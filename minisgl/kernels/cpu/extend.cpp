@@ -2,20 +2,24 @@
 // to its cached prefix and to each other (mirrors sgl-kernel/csrc/cpu/extend.cpp,
 // extend_attention_cpu).
 //
-// Work items are (request, block of new tokens, KV head). The new tokens' K/V are written to the
-// pool first, so prefix and new keys are read the same way, through req_to_token.
+// The kernel first stores every new token's K/V in the pool (one parallel pass: a block reads
+// keys other threads' tokens bring), so prefix and new keys are then read the same way, through
+// req_to_token. Attention work items are (request, block of new tokens, KV head).
 #include "attention.h"
 
 namespace minisgl {
 
-// q, o: [num_tokens, heads, dim], the requests' new tokens back to back; extend_seq_lens and
-// extend_start_loc say where each request's run starts and how long it is; seq_lens include them.
-void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+// q, o: [num_tokens, heads, dim], the requests' new tokens back to back; key, value: their
+// [num_tokens, kv_heads, dim], stored at pool slots `loc`; extend_seq_lens and extend_start_loc
+// say where each request's run starts and how long it is; seq_lens include the new tokens.
+void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
+                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
                           const at::Tensor& extend_start_loc, double scale) {
   const PagedAttentionArgs a =
       check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
+  check_new_kv(a, q, key, value, loc);
   CHECK_INPUT(extend_seq_lens);
   CHECK_INPUT(extend_start_loc);
   const int64_t bs = seq_lens.size(0), max_context = req_to_token.size(1);
@@ -35,6 +39,13 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& 
   }
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
+    const int64_t* slots = loc.data_ptr<int64_t>();
+    at::parallel_for(0, q.size(0), 64, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        store_kv(a, key, value, i, slots[i], 0, a.num_kv_heads, k_buffer.data_ptr<scalar_t>(),
+                 v_buffer.data_ptr<scalar_t>());
+      }
+    });
     dispatch_head_dim(a, [&]<int kDim>() {
       at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
         Scratch scratch(kBlock * a.group, a.head_dim, max_len);

@@ -18,7 +18,8 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
                           const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, double scale);
-void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
+                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
                           const at::Tensor& extend_start_loc, double scale);
@@ -35,9 +36,9 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       "decode_attention_cpu(Tensor q, Tensor(a!) o, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor key,"
       " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, float scale) -> ()");
   m.def(
-      "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor k_buffer, Tensor v_buffer, Tensor req_to_token,"
-      " Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens, Tensor extend_start_loc,"
-      " float scale) -> ()");
+      "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor key,"
+      " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens,"
+      " Tensor extend_seq_lens, Tensor extend_start_loc, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {

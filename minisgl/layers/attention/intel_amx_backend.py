@@ -9,9 +9,9 @@ whatever CPU builds them, and run on any x86 or Arm machine with a C++ compiler.
 Unlike torch_native, neither mode copies K/V out of the pool: the kernels read each request's
 slots in place through ``req_to_token`` and parallelize over (request, KV head) pairs, so a
 decode step costs one pass over the live KV, not a gather into a padded batch plus an SDPA.
-As in SGLang, the decode kernel also stores the new token's K/V in the pool; extend stores
-them with ``set_kv_buffer`` first, as the other backends do. SGLang's kernels also split long
-sequences across threads and use AMX tiles; omitted.
+As in SGLang, the kernels also store the new tokens' K/V in the pool (the other backends call
+``set_kv_buffer`` first). SGLang's kernels also split long sequences across threads and use
+AMX tiles; omitted.
 """
 
 from __future__ import annotations
@@ -35,39 +35,34 @@ class IntelAMXAttnBackend(AttentionBackend):
         """Nothing to precompute: the kernels take the batch's own index tensors."""
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        if save_kv_cache:
-            forward_batch.token_to_kv_pool.set_kv_buffer(
-                layer.layer_id,
-                forward_batch.out_cache_loc,
-                k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
-                v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
-            )
-        q, o = self._shape(q, layer)
-        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.extend_attention_cpu(
-            q, o, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
-            forward_batch.extend_seq_lens, forward_batch.extend_start_loc, layer.scaling,
+            q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,
+            forward_batch.seq_lens, forward_batch.extend_seq_lens, forward_batch.extend_start_loc, layer.scaling,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        q, o = self._shape(q, layer)
-        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        loc = forward_batch.out_cache_loc
-        if save_kv_cache:
-            k = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
-            v = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
-        else:  # the kernel always stores the new token: hand it what the pool already holds
-            k, v = k_buf[loc], v_buf[loc]
+        q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.decode_attention_cpu(
-            q, o, k_buf, v_buf, k, v, loc, self.req_to_token, forward_batch.req_pool_indices,
+            q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,
             forward_batch.seq_lens, layer.scaling,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     @staticmethod
-    def _shape(q, layer):
-        """q as [tokens, heads, head_dim] and an output of the same layout."""
+    def _prepare(q, k, v, layer, forward_batch, save_kv_cache):
+        """Shape q, k, v as [tokens, heads, head_dim], make the output, and fetch this layer's pool.
+
+        The kernels always store the new tokens' K/V themselves; when the caller already saved
+        them (save_kv_cache=False), they get what the pool holds and write it back unchanged.
+        """
         assert not layer.logit_cap, "the CPU kernels do not implement logit capping"
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        if save_kv_cache:
+            k = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
+            v = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        else:
+            k, v = k_buf[forward_batch.out_cache_loc], v_buf[forward_batch.out_cache_loc]
         q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        return q, q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim)
+        return q, q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim), k_buf, v_buf, k, v
