@@ -38,12 +38,48 @@ inline Vec load_float(const T* p) {
   }
 }
 
+
+// Asks for every cache line of [p, p + bytes). Decode reads K/V rows from slots scattered over the
+// pool (a request's generated tokens are interleaved with its batch-mates'), which the hardware
+// prefetchers cannot predict; a prefetch only brings one 64-byte line.
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
+}
+
 // Per-thread scratch: the block's queries (scaled, float32), scores and softmax denominators.
 struct Scratch {
   std::vector<float> q_rows, scores, inv_sum;
   Scratch(int64_t rows, int64_t head_dim, int64_t max_kv_len)
       : q_rows(rows * head_dim), scores(rows * max_kv_len), inv_sum(rows) {}
 };
+
+// Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
+// dotted with every query row that sees it. A row sees key t if its token j >= t - start, start
+// being the absolute position of the block's first token: within each KV head, a suffix of its rows.
+template <int kDim, typename scalar_t>
+void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const scalar_t* v_buf,
+                   const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
+                   int64_t kv_len, int64_t start) {
+  const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
+  Vec k[kMaxHeadDim / Vec::size()];
+  for (int64_t t = 0; t < kv_len; ++t) {
+    const scalar_t* k_slot = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
+    if (t + 8 < kv_len) {  // this item's K and (for pass 3) V heads of a key 8 ahead
+      prefetch_bytes(k_buf + token_slots[t + 8] * a.k_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
+      prefetch_bytes(v_buf + token_slots[t + 8] * a.v_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
+    }
+    const int64_t skip = std::max<int64_t>(0, t - start) * a.group;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t c = 0; c < n_vec; ++c) k[c] = load_float(k_slot + h * d + c * Vec::size());
+      for (int64_t r = h * rows_per_head + skip; r < (h + 1) * rows_per_head; ++r) {
+        const float* qr = sc.q_rows.data() + r * d;
+        Vec acc = Vec::loadu(qr) * k[0];
+        for (int64_t c = 1; c < n_vec; ++c) acc = at::vec::fmadd(Vec::loadu(qr + c * Vec::size()), k[c], acc);
+        sc.scores[r * kv_len + t] = acc.reduce_add();
+      }
+    }
+  }
+}
 
 // Queries: tokens [first, first + count) of a request whose new tokens start at absolute position
 // `prefix` (token j sits at prefix + j and sees keys 0..prefix + j), for KV heads
@@ -73,23 +109,9 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     }
   }
 
-  // 1. scores[r][t] = q_r . k_t: each key row is loaded (and widened) once, for all rows that see it.
-  Vec k[kMaxHeadDim / Vec::size()];
-  for (int64_t t = 0; t < kv_len; ++t) {
-    const scalar_t* k_slot = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
-    if (t + 4 < kv_len) __builtin_prefetch(k_buf + token_slots[t + 4] * a.k_slot_stride + head_begin * d);
-    // Key t is visible to tokens j >= t - prefix - first: within each head, a suffix of its rows.
-    const int64_t skip = std::max<int64_t>(0, t - prefix - first) * a.group;
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t c = 0; c < n_vec; ++c) k[c] = load_float(k_slot + h * d + c * Vec::size());
-      for (int64_t r = h * rows_per_head + skip; r < (h + 1) * rows_per_head; ++r) {
-        const float* qr = sc.q_rows.data() + r * d;
-        Vec acc = Vec::loadu(qr) * k[0];
-        for (int64_t c = 1; c < n_vec; ++c) acc = at::vec::fmadd(Vec::loadu(qr + c * Vec::size()), k[c], acc);
-        sc.scores[r * kv_len + t] = acc.reduce_add();
-      }
-    }
-  }
+  // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never read).
+  scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len,
+                                prefix + first);
   // 2. softmax over each row's visible keys (the division is deferred to the output)
   for (int64_t r = 0; r < rows; ++r) {
     float* s = sc.scores.data() + r * kv_len;

@@ -1,0 +1,97 @@
+"""The roofline of this CPU for SmolLM2-135M: what memory and GEMMs allow, measured here.
+
+    python benchmarks/roofline.py [--dtype float32|bfloat16] [--context 200]
+
+Measures the machine (read bandwidth from DRAM and from a cache-sized buffer; oneDNN GEMM
+rates on the model's layer shapes, with the weights hot in cache and cold, i.e. streamed from
+DRAM as a decode step streams all 30 layers'), then prints the floor of a decode step at a few
+batch sizes and of a 2,048-token prefill chunk: the larger of "compute at the measured GEMM rate"
+and "bytes at the measured bandwidth" (weights, plus the KV a decode step reads). Compare them
+with the step times benchmarks/profile_step.py prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from minisgl.layers.linear import pack_linear_weight
+
+HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 30, 9, 3, 64, 49152
+SHAPES = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+
+
+def best_of(fn, reps: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def read_bandwidth(nbytes: int) -> float:
+    x = torch.ones(nbytes // 4)
+    return nbytes / best_of(lambda: x.sum())
+
+
+def gemm_rate(dtype: torch.dtype, m: int, layers: int, lm_head: bool) -> float:
+    """FLOP/s of one forward's dense layers at batch m, through apply_linear's path
+    (pack_linear_weight), with `layers` distinct copies of the weights: 1 keeps them in cache,
+    LAYERS streams them from memory as a real step does. A decode step also runs the LM head."""
+    from minisgl.layers.linear import apply_linear
+
+    weights = [[pack_linear_weight(torch.randn(n, k).to(dtype)) for n, k in SHAPES] for _ in range(layers)]
+    head = pack_linear_weight(torch.randn(VOCAB, HIDDEN).to(dtype))
+    xs = {k: torch.randn(m, k).to(dtype) for k in (HIDDEN, INTER, HEADS * HEAD_DIM)}
+
+    def step():
+        for i in range(LAYERS):
+            for w, (n, k) in zip(weights[i % layers], SHAPES):
+                apply_linear(xs[k], w)
+        if lm_head:
+            apply_linear(xs[HIDDEN], head)
+
+    flops = 2 * m * (LAYERS * sum(n * k for n, k in SHAPES) + (VOCAB * HIDDEN if lm_head else 0))
+    return flops / best_of(step, reps=3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--context", type=int, default=200, help="tokens of KV each decoding request reads")
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    elt = torch.finfo(dtype).bits // 8
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, ATen ISA {torch.backends.cpu.get_cpu_capability()}")
+
+    dram, cache = read_bandwidth(1 << 30), read_bandwidth(32 << 20)
+    print(f"read bandwidth: {dram / 1e9:.1f} GB/s from a 1 GiB buffer, {cache / 1e9:.1f} GB/s from 32 MiB")
+
+    weight_bytes = (LAYERS * sum(n * k for n, k in SHAPES) + VOCAB * HIDDEN) * pack_linear_weight(
+        torch.zeros(8, 8).to(dtype)).element_size()
+    kv_bytes_per_token = LAYERS * 2 * KV_HEADS * HEAD_DIM * elt
+    print(f"weights streamed per forward: {weight_bytes / 1e6:.0f} MB (as apply_linear stores them); "
+          f"KV per token: {kv_bytes_per_token / 1e3:.1f} KB")
+
+    print(f"\n{'forward':24s} {'GEMM, hot':>10s} {'GEMM, cold':>11s}   {'compute':>8s} {'memory':>8s}   floor")
+    for m in (1, 8, 32, 64, 2048):
+        decode = m <= 64  # decode: m requests, one token each; else a prefill chunk of m tokens
+        hot = gemm_rate(dtype, m, 1, lm_head=decode)
+        cold = gemm_rate(dtype, m, LAYERS, lm_head=True) if decode else None
+        flops = 2 * m * (LAYERS * sum(n * k for n, k in SHAPES) + (VOCAB * HIDDEN if decode else 0))
+        compute_s = flops / hot
+        memory_s = (weight_bytes + (m * args.context * kv_bytes_per_token if decode else 0)) / dram
+        name = f"decode, batch {m}" if decode else f"prefill chunk, {m} tokens"
+        cold_s = f"{cold / 1e9:6.0f} GF/s" if cold else f"{'-':>11s}"
+        print(f"{name:24s} {hot / 1e9:5.0f} GF/s {cold_s}   {1e3 * compute_s:6.1f}ms {1e3 * memory_s:6.1f}ms"
+              f"   {1e3 * max(compute_s, memory_s):7.1f} ms")
+    print("\nfloor = max(FLOPs at the hot GEMM rate, weights + KV at DRAM bandwidth); a step that streams")
+    print("cold weights runs at the 'cold' rate, which is why decode steps sit well above their floor.")
+
+
+if __name__ == "__main__":
+    main()
