@@ -29,6 +29,13 @@ class IntelAMXAttnBackend(AttentionBackend):
                 "attention_backend 'intel_amx' needs minisgl's CPU kernels, which could not be built here "
                 "(see the warning above); use attention_backend='torch_native'"
             )
+        head_dim = model_runner.model_config.head_dim
+        if head_dim % 16 or head_dim > 256:
+            # The kernels work on whole vectors of a head (attention.h: kMaxHeadDim, Vec::size()).
+            raise ValueError(
+                f"attention_backend 'intel_amx' needs a head_dim that is a multiple of 16 up to 256, "
+                f"not {head_dim}; use attention_backend='torch_native'"
+            )
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
 
     def init_forward_metadata(self, forward_batch) -> None:
