@@ -18,7 +18,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 @pytest.mark.parametrize("arch,page_size", [("llama", 1), ("qwen3", 4), ("qwen3_moe", 1)])
 def test_triton_matches_torch_native(arch, page_size):
     path = tiny_model_dir(arch)
-    native = Engine(model_path=path, max_total_tokens=256, page_size=page_size)
+    native = Engine(model_path=path, max_total_tokens=256, page_size=page_size, attention_backend="torch_native")
     triton = Engine(model_path=path, max_total_tokens=256, page_size=page_size, attention_backend="triton")
     assert isinstance(triton.scheduler.tp_worker.model_runner.attn_backend, TritonAttnBackend)
     expected = native.generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
