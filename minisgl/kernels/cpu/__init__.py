@@ -8,10 +8,11 @@ the sources with ``torch.utils.cpp_extension.load`` for whatever vector ISA ATen
 CPU, caches the library, and leaves GEMMs to oneDNN. Omitted: MoE, quantized GEMMs, MLA and
 the shared-memory all-reduce.
 
-Building needs a C++ compiler and ninja and takes about a minute once per machine
+Building needs a C++ compiler and ninja and takes about 20 s on two cores, once per machine
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
 cannot build, :func:`is_available` is False, a warning says why, and callers keep their
-PyTorch paths.
+PyTorch paths; ``MINISGL_DISABLE_CPU_KERNELS=1`` does the same on purpose (for comparisons,
+as in ``benchmarks/profile_step.py --torch-native``).
 """
 
 from __future__ import annotations
