@@ -37,7 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import make_workload  # noqa: E402,F401  (bench_serving imports it from here)
+from roofline import best_of  # noqa: E402
+from workload import make_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,14 +211,7 @@ def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
     for compute in ([torch.float32] if dtype == "float32" else [torch.bfloat16, torch.float32]):
         x = torch.randn(m, k).to(compute)
         w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(compute), 64)
-        for _ in range(2):
-            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-            times.append(time.perf_counter() - start)
-        rate = 2 * m * k * n / min(times)
+        rate = 2 * m * k * n / best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
         best = max(best, (rate, f"oneDNN {str(compute).removeprefix('torch.')}"))
     return best
 

@@ -47,7 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from bench_offline import _hf_model, bench_hf_padded, make_workload  # noqa: E402
+from bench_offline import _hf_model, bench_hf_padded  # noqa: E402
+from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
 

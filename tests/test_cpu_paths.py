@@ -1,0 +1,42 @@
+"""The CPU-specific paths outside the C++ kernels: packed linear weights, the lazily touched
+KV pool and the CPU's chunked-prefill default. Each is checked against the plain behaviour it
+replaces."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl.layers.linear import apply_linear, pack_linear_weight
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool
+from minisgl.server_args import ServerArgs
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_packed_weight_matches_f_linear(dtype, tol, rows):
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(rows, 64, generator=g).to(dtype)
+    packed = pack_linear_weight(weight)
+    assert packed.is_mkldnn  # on a CPU with oneDNN the weight is re-laid out, maybe as float32
+    y = apply_linear(x, packed, bias)
+    assert y.dtype == dtype and y.shape == (rows, 96)
+    torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float(), bias.float()), atol=tol, rtol=tol)
+    # 3-D inputs are flattened for oneDNN and restored
+    assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, 96)
+
+
+def test_kv_pool_zeroes_only_the_padding_page():
+    # Freed memory full of NaN, which the pool's uninitialized buffers are then likely to reuse.
+    junk = [torch.full((68, 2, 8), float("nan")) for _ in range(8)]
+    del junk
+    pool = MHATokenToKVPool(size=64, page_size=4, dtype=torch.float32, head_num=2, head_dim=8, layer_num=2, device="cpu")
+    for buf in (*pool.k_buffer, *pool.v_buffer):
+        assert buf.shape == (68, 2, 8)
+        assert torch.count_nonzero(buf[:4]) == 0  # masked reads of padding land here
+
+
+def test_cpu_chunks_prefill_by_default(tiny_llama):
+    assert ServerArgs(model_path=tiny_llama, device="cpu").chunked_prefill_size == 2048
+    assert ServerArgs(model_path=tiny_llama, device="cpu", chunked_prefill_size=64).chunked_prefill_size == 64
+    assert ServerArgs(model_path=tiny_llama, device="cuda").chunked_prefill_size is None
