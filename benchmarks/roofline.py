@@ -2,12 +2,13 @@
 
     python benchmarks/roofline.py [--dtype float32|bfloat16] [--context 200]
 
-Measures the machine (read bandwidth from DRAM and from a cache-sized buffer; the peak oneDNN
-GEMM rate on the model's layer shapes), then prints the floor of a decode step at a few batch
-sizes and of a 2,048-token prefill chunk: the larger of "FLOPs at the peak rate" and "bytes at
-DRAM bandwidth" (the weights, plus the KV a decode step reads). Beside it, the time the same
-GEMMs take when, as in a real step, all 30 layers' weights are streamed from memory. Compare
-them with the step times benchmarks/profile_step.py prints.
+Measures the machine (read bandwidth from DRAM and from a cache-sized buffer; the peak GEMM
+rate on the model's layer shapes), then prints the floor of a decode step at a few batch sizes
+and of a 2,048-token prefill chunk: the larger of "FLOPs at the peak rate" and "bytes at DRAM
+bandwidth" (the weights, plus the KV a decode step reads). Beside it, the time the same GEMMs
+take when, as in a real step, all 30 layers' weights are streamed from memory: through
+apply_linear's path (minisgl's packed GEMM where it was built) and through oneDNN on float32
+weights, the path before it. Compare them with the step times benchmarks/profile_step.py prints.
 """
 
 from __future__ import annotations
@@ -38,14 +39,19 @@ def read_bandwidth(nbytes: int) -> float:
     return nbytes / best_of(lambda: x.sum())
 
 
-def gemm_rate(dtype: torch.dtype, m: int, layers: int, lm_head: bool) -> float:
-    """FLOP/s of one forward's dense layers at batch m, through apply_linear's path
-    (pack_linear_weight), with `layers` distinct copies of the weights: 1 keeps them in cache,
-    LAYERS streams them from memory as a real step does. A decode step also runs the LM head."""
+def onednn_float32(weight: torch.Tensor) -> torch.Tensor:
+    """The layout pack_linear_weight chose before minisgl had its own GEMM (and still does without AVX-512)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.float(), 64)
+
+
+def gemm_rate(dtype: torch.dtype, m: int, layers: int, lm_head: bool, pack=pack_linear_weight) -> float:
+    """FLOP/s of one forward's dense layers at batch m, through apply_linear with weights packed by
+    `pack`, with `layers` distinct copies of the weights: 1 keeps them in cache, LAYERS streams
+    them from memory as a real step does. A decode step also runs the LM head."""
     from minisgl.layers.linear import apply_linear
 
-    weights = [[pack_linear_weight(torch.randn(n, k).to(dtype)) for n, k in SHAPES] for _ in range(layers)]
-    head = pack_linear_weight(torch.randn(VOCAB, HIDDEN).to(dtype))
+    weights = [[pack(torch.randn(n, k).to(dtype)) for n, k in SHAPES] for _ in range(layers)]
+    head = pack(torch.randn(VOCAB, HIDDEN).to(dtype))
     xs = {k: torch.randn(m, k).to(dtype) for k in (HIDDEN, INTER, HEADS * HEAD_DIM)}
 
     def step():
@@ -77,24 +83,28 @@ def main() -> None:
     print(f"weights streamed per forward: {weight_bytes / 1e6:.0f} MB (as apply_linear stores them); "
           f"KV per token: {kv_bytes_per_token / 1e3:.1f} KB")
 
-    peak = gemm_rate(dtype, 2048, 1, lm_head=False)  # a prefill chunk's GEMMs: the best rate here
+    # A prefill chunk's GEMMs, weights in cache: the best rate here, whichever path reaches it.
+    peak = max(gemm_rate(dtype, 2048, 1, lm_head=False, pack=p) for p in (pack_linear_weight, onednn_float32))
     print(f"peak GEMM rate: {peak / 1e9:.0f} GFLOP/s (a 2,048-token chunk's dense layers, weights in cache)")
-    print(f"\n{'forward':26s} {'compute':>8s} {'memory':>8s} {'floor':>8s}   {'GEMMs as run (weights streamed)':>32s}")
+    print(f"\n{'forward':26s} {'compute':>8s} {'memory':>8s} {'floor':>8s}   "
+          f"{'GEMMs as run (weights streamed)':>32s} {'same on oneDNN float32':>26s}")
     for m in (1, 8, 32, 64, 2048):
         decode = m <= 64  # decode: m requests, one token each; else a prefill chunk of m tokens
         flops = 2 * m * (LAYERS * sum(n * k for n, k in SHAPES) + (VOCAB * HIDDEN if decode else 0))
         compute_s = flops / peak
         memory_s = (weight_bytes + (m * args.context * kv_bytes_per_token if decode else 0)) / dram
         name = f"decode, batch {m}" if decode else f"prefill chunk, {m} tokens"
-        measured = ""
+        measured = ["", ""]
         if decode:
-            cold = gemm_rate(dtype, m, LAYERS, lm_head=True)
-            measured = f"{1e3 * flops / cold:7.1f} ms ({cold / 1e9:.0f} GFLOP/s)"
+            for i, pack in enumerate((pack_linear_weight, onednn_float32)):
+                cold = gemm_rate(dtype, m, LAYERS, lm_head=True, pack=pack)
+                measured[i] = f"{1e3 * flops / cold:7.1f} ms ({cold / 1e9:.0f} GFLOP/s)"
         print(f"{name:26s} {1e3 * compute_s:6.1f}ms {1e3 * memory_s:6.1f}ms {1e3 * max(compute_s, memory_s):6.1f}ms"
-              f"   {measured:>32s}")
-    print("\nfloor = max(FLOPs at the peak GEMM rate, weights + KV at DRAM bandwidth). The last column times")
-    print("the same forward's GEMMs with every layer's weights distinct, streamed from memory as in a real")
-    print("decode step: oneDNN then overlaps loads and FMAs poorly, and that, not the floor, bounds a step.")
+              f"   {measured[0]:>32s} {measured[1]:>26s}")
+    print("\nfloor = max(FLOPs at the peak GEMM rate, weights + KV at DRAM bandwidth). The last two columns")
+    print("time the same forward's GEMMs with every layer's weights distinct, streamed from memory as in a")
+    print("real decode step, through apply_linear's path and through oneDNN: how well each overlaps the")
+    print("weight stream with its FMAs, not the floor, bounds a step.")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernels.cpu import has_packed_gemm
 from minisgl.layers.linear import apply_linear, pack_linear_weight
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool
 from minisgl.server_args import ServerArgs
@@ -13,17 +14,22 @@ from minisgl.server_args import ServerArgs
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("rows", [1, 37, 300])
-def test_packed_weight_matches_f_linear(dtype, tol, rows):
+@pytest.mark.parametrize("out_features", [96, 72])
+def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features):
     g = torch.Generator().manual_seed(rows)
-    weight, bias = torch.randn(96, 64, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    weight = torch.randn(out_features, 64, generator=g).to(dtype)
+    bias = torch.randn(out_features, generator=g).to(dtype)
     x = torch.randn(rows, 64, generator=g).to(dtype)
     packed = pack_linear_weight(weight)
-    assert packed.is_mkldnn  # on a CPU with oneDNN the weight is re-laid out, maybe as float32
+    if has_packed_gemm() and out_features % 32 == 0 and packed.dtype == torch.float32:
+        assert packed.shape == (out_features // 32, 64, 32)  # minisgl's float32 panels (gemm.cpp)
+    else:
+        assert packed.is_mkldnn  # oneDNN's blocked layout, maybe as float32
     y = apply_linear(x, packed, bias)
-    assert y.dtype == dtype and y.shape == (rows, 96)
+    assert y.dtype == dtype and y.shape == (rows, out_features)
     torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float(), bias.float()), atol=tol, rtol=tol)
-    # 3-D inputs are flattened for oneDNN and restored
-    assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, 96)
+    # 3-D inputs are flattened for the GEMM and restored
+    assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, out_features)
 
 
 def test_kv_pool_zeroes_only_the_padding_page():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -24,16 +23,20 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from minisgl.kernels.cpu import has_packed_gemm
 
 
-def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y = x W^T + b, on the fastest dense path of the device.
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b, on the fastest dense path of the device, for a weight as pack_linear_weight left it.
 
-    SGLang's UnquantizedLinearMethod.apply likewise takes a CPU-specific kernel when it can.
-    On CPU, F.linear goes through MKL's sgemm, which measured about half of oneDNN's rate
-    on these machines (shared/DESIGN.md); oneDNN's linear takes a plain weight or, faster,
-    one that pack_linear_weight put in its blocked layout, possibly upcast to float32.
+    SGLang's UnquantizedLinearMethod.apply likewise takes a CPU-specific kernel when it can
+    (python/sglang/srt/layers/quantization/unquant.py:142). On CPU that is minisgl's own
+    weight_packed_linear for a 3-D (panel-packed) weight, else oneDNN's linear: F.linear goes
+    through MKL's sgemm, which measured about half of oneDNN's rate on these machines.
     """
+    if weight.dim() == 3:  # float32 panels from convert_weight_packed (minisgl/kernels/cpu/gemm.cpp)
+        y = torch.ops.minisgl_kernel.weight_packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)
+        return y.view(*x.shape[:-1], y.shape[-1])
     if weight.is_mkldnn or (x.is_cpu and torch.backends.mkldnn.is_available()):
         x2d = x.reshape(-1, x.shape[-1])
         if weight.dtype != x.dtype:  # a float32 copy of a bf16/fp16 weight: see pack_linear_weight
@@ -47,24 +50,33 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in the layout apply_linear runs fastest with: oneDNN's blocked layout on CPU.
+    """The weight in the layout apply_linear runs fastest with; elsewhere than CPU, the weight as is.
 
-    Mirrors SGLang's _amx_process_weight_after_loading (layers/amx_utils.py), which repacks
-    CPU weights once after loading for its own GEMM kernel. oneDNN otherwise reorders the plain
-    weight on every call; packed once, decode-sized GEMMs measured 25-35% faster here. The
-    result is an opaque tensor only apply_linear reads. Elsewhere the weight is returned as is.
+    Mirrors SGLang's _amx_process_weight_after_loading (layers/amx_utils.py), which repacks CPU
+    weights once after loading for its own GEMM kernel. In order of preference on CPU:
 
-    A 16-bit weight is packed as float32 where this CPU multiplies float32 faster than bf16
-    (no AMX: oneDNN's bf16 GEMM measured 1.5-1.7x slower than float32 on such a Xeon, at every
-    batch size). Each product of two bf16 numbers is exact in float32 and oneDNN's bf16 GEMM
-    accumulates in float32 too, so the result differs from the bf16 GEMM's only in summation
-    order; it costs twice the weight memory.
+    - a 16-bit weight stays 16-bit, in oneDNN's blocked layout, where this CPU multiplies bf16
+      at least about as fast as float32 (AMX, or a full-rate bf16 dot product);
+    - float32 panels [N / 32, K, 32] for minisgl's weight_packed_linear, where it was built
+      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.3-1.5x oneDNN's rate;
+    - oneDNN's blocked layout, which it would otherwise re-derive on every call (packed once,
+      decode-sized GEMMs measured 25-35% faster).
+
+    A 16-bit weight that is not kept 16-bit becomes float32. Each product of two bf16 numbers is
+    exact in float32 and both bf16 GEMMs accumulate in float32, so results differ from the bf16
+    GEMM's only in summation order; it costs twice the weight memory. The result is only for
+    apply_linear to read.
     """
-    if not (weight.is_cpu and torch.backends.mkldnn.is_available()):
+    if not weight.is_cpu:
         return weight
-    if weight.dtype in (torch.bfloat16, torch.float16) and _cpu_prefers_float32_gemm():
+    mkldnn = torch.backends.mkldnn.is_available()
+    if weight.dtype in (torch.bfloat16, torch.float16):
+        if mkldnn and not _cpu_prefers_float32_gemm():
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
         weight = weight.float()
-    if weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if has_packed_gemm() and weight.shape[0] % 32 == 0:
+        return torch.ops.minisgl_kernel.convert_weight_packed(weight.detach())
+    if mkldnn and weight.dtype == torch.float32:
         # The hint is the batch size oneDNN tunes the layout for; any batch size works.
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
     return weight
@@ -161,7 +173,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         hidden_size: int,
         head_size: int,
         total_num_heads: int,
-        total_num_kv_heads: Optional[int] = None,
+        total_num_kv_heads: int | None = None,
         bias: bool = False,
     ) -> None:
         tp_size = get_tensor_model_parallel_world_size()

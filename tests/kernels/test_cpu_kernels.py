@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.entrypoints.engine import Engine
-from minisgl.kernels.cpu import is_available
+from minisgl.kernels.cpu import has_packed_gemm, is_available
 from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.layernorm import RMSNorm
@@ -138,6 +138,38 @@ def test_rotary_embedding_matches_forward_native(dtype, rotary_dim):
     q_ref, k_ref = rope.forward_native(positions, q, k)
     torch.testing.assert_close(q_out, q_ref, atol=TOLERANCE[dtype], rtol=0)
     torch.testing.assert_close(k_out, k_ref, atol=TOLERANCE[dtype], rtol=0)
+
+
+packed_gemm = pytest.mark.skipif(not has_packed_gemm(), reason="weight_packed_linear is built for AVX-512 only")
+
+
+@packed_gemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 11, 12, 13, 64, 128, 129, 300])  # tile edges (12) and row chunks (128)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_weight_packed_linear_matches_float64(dtype, rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 70, generator=g).to(dtype)  # three panels; K not a multiple of anything
+    bias = torch.randn(96, generator=g).to(dtype) if with_bias else None
+    x = torch.randn(rows, 80, generator=g).to(dtype)[:, 3:73]  # a strided view, as a split QKV output is
+    packed = ops.convert_weight_packed(weight)
+    assert packed.shape == (3, 70, 32) and packed.dtype == torch.float32
+    y = ops.weight_packed_linear(x, packed, bias)
+    ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert y.dtype == dtype and y.shape == (rows, 96)
+    # float32 accumulation; a bf16 result is additionally rounded once
+    torch.testing.assert_close(y.double(), ref, atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype])
+
+
+@packed_gemm
+def test_weight_packed_linear_rejects_bad_shapes():
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.convert_weight_packed(torch.randn(72, 64))
+    packed = ops.convert_weight_packed(torch.randn(64, 64))
+    with pytest.raises(RuntimeError, match="K=48"):
+        ops.weight_packed_linear(torch.randn(3, 48), packed, None)
+    with pytest.raises(RuntimeError, match="bias has 63 values"):
+        ops.weight_packed_linear(torch.randn(3, 64), packed, torch.randn(63))
 
 
 @pytest.mark.parametrize("arch,page_size", [("llama", 1), ("qwen3", 4), ("qwen3_moe", 1)])

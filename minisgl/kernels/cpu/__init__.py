@@ -2,11 +2,12 @@
 
 Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
-``silu_and_mul_cpu``, ``rotary_embedding_cpu``) registered under ``torch.ops.minisgl_kernel``.
-SGLang builds a wheel with CMake and uses AMX tiles and hand-packed GEMMs; minisgl compiles
-the sources with ``torch.utils.cpp_extension.load`` for whatever vector ISA ATen picked on this
-CPU, caches the library, and leaves GEMMs to oneDNN. Omitted: MoE, quantized GEMMs, MLA and
-the shared-memory all-reduce.
+``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
+``weight_packed_linear``) registered under ``torch.ops.minisgl_kernel``. SGLang builds a wheel
+with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
+``torch.utils.cpp_extension.load`` for whatever vector ISA ATen picked on this CPU and caches
+the library. The packed GEMM is float32 and AVX-512 only (:func:`has_packed_gemm`); without it
+linear layers stay on oneDNN. Omitted: MoE, quantized GEMMs, MLA and the shared-memory all-reduce.
 
 Building needs a C++ compiler and ninja and takes about 20 s on two cores, once per machine
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
@@ -27,7 +28,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "torch_extension_cpu.cpp"]
+_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "gemm.cpp", "torch_extension_cpu.cpp"]
 _HEADERS = ["common.h", "attention.h"]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {
@@ -74,3 +75,7 @@ def is_available() -> bool:
         return False
     return True
 
+
+def has_packed_gemm() -> bool:
+    """Whether ``weight_packed_linear`` was built: it is compiled only for AVX-512 (gemm.cpp)."""
+    return is_available() and hasattr(torch.ops.minisgl_kernel, "weight_packed_linear")
