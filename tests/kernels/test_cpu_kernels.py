@@ -19,7 +19,7 @@ from tests._models import tiny_model_dir
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
 ops = torch.ops.minisgl_kernel
-TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed):
@@ -144,7 +144,7 @@ packed_gemm = pytest.mark.skipif(not has_packed_gemm(), reason="weight_packed_li
 
 
 @packed_gemm
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 11, 12, 13, 64, 128, 129, 300])  # tile edges (12) and row chunks (128)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_weight_packed_linear_matches_float64(dtype, rows, with_bias):
@@ -159,6 +159,9 @@ def test_weight_packed_linear_matches_float64(dtype, rows, with_bias):
     assert y.dtype == dtype and y.shape == (rows, 96)
     # float32 accumulation; a bf16 result is additionally rounded once
     torch.testing.assert_close(y.double(), ref, atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype])
+    if dtype != torch.float32:  # rounded as it is stored: bit-identical to rounding the float32 result
+        y32 = ops.weight_packed_linear(x.float(), packed, None if bias is None else bias.float())
+        assert torch.equal(y, y32.to(dtype))
 
 
 @packed_gemm

@@ -37,11 +37,25 @@ constexpr int MAX_ROWS = 12;     // rows per tile: 12 x 2 accumulators + 2 weigh
 // 2,048 rows: level with oneDNN; whole-M passes or 256-row chunks were 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
 
+// Stores 32 float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to() does)
+// straight from the registers instead of in a second pass over a float32 copy.
+template <typename out_t>
+inline void store_32(out_t* dst, __m512 lo, __m512 hi) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    _mm512_storeu_ps(dst, lo);
+    _mm512_storeu_ps(dst + 16, hi);
+  } else if constexpr (std::is_same_v<out_t, at::BFloat16>) {
+    at::vec::convert_float_bfloat16(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
+  } else {
+    at::vec::convert_float_half(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
+  }
+}
+
 // C[ROWS, 32] = A[ROWS, K] B[K, 32] + bias. ROWS is a template parameter so the accumulators are
 // registers. Meanwhile, k-step k prefetches the line at `next + (k * next_step >> 16)` and the one
 // after it (16.16 fixed point: a tile shares its panel's prefetch work with the others, see gemm_rows).
-template <int ROWS>
-void tile(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t K, float* __restrict C,
+template <int ROWS, typename out_t>
+void tile(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t K, out_t* __restrict C,
           int64_t ldc, const float* __restrict bias, const float* next, int64_t next_step) {
   __m512 c0[ROWS], c1[ROWS];
 #pragma GCC unroll 12
@@ -65,24 +79,24 @@ void tile(const float* __restrict A, int64_t lda, const float* __restrict B, int
     }
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < ROWS; ++i) {
-    _mm512_storeu_ps(C + i * ldc, c0[i]);
-    _mm512_storeu_ps(C + i * ldc + 16, c1[i]);
-  }
+  for (int i = 0; i < ROWS; ++i) store_32(C + i * ldc, c0[i], c1[i]);
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const float*,
+template <typename out_t>
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, out_t*, int64_t, const float*, const float*,
                         int64_t);
-template <int... I>
-constexpr std::array<TileFn, sizeof...(I)> make_tiles(std::integer_sequence<int, I...>) {
-  return {&tile<I + 1>...};
+template <typename out_t, int... I>
+constexpr std::array<TileFn<out_t>, sizeof...(I)> make_tiles(std::integer_sequence<int, I...>) {
+  return {&tile<I + 1, out_t>...};
 }
-constexpr auto TILES = make_tiles(std::make_integer_sequence<int, MAX_ROWS>{});  // TILES[r - 1]: r rows
+template <typename out_t>  // TILES<out_t>[r - 1]: r rows
+constexpr auto TILES = make_tiles<out_t>(std::make_integer_sequence<int, MAX_ROWS>{});
 
 // Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB. Within a panel the rows go in tiles
 // of nearly equal height (64 rows: 11, 11, 11, 11, 10, 10). Tile t of T prefetches the t-th T-th
 // of the next panel, 32 / T floats per k-step, so the next panel is in L2 once this one is done.
-void gemm_rows(const float* A, int64_t lda, const float* B, float* C, int64_t N, int64_t K, const float* bias,
+template <typename out_t>
+void gemm_rows(const float* A, int64_t lda, const float* B, out_t* C, int64_t N, int64_t K, const float* bias,
                int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end, int64_t NB) {
   const int64_t tiles = (m_end - m_begin + MAX_ROWS - 1) / MAX_ROWS;
   const int64_t panel_size = K * BLOCK_N;
@@ -93,7 +107,7 @@ void gemm_rows(const float* A, int64_t lda, const float* B, float* C, int64_t N,
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t height = (m_end - m + (tiles - t) - 1) / (tiles - t);
       const float* next = nb + 1 < NB ? panel + panel_size + t * panel_size / tiles : nullptr;
-      TILES[height - 1](A + m * lda, lda, panel, K, C + m * N + nb * BLOCK_N, N, panel_bias, next,
+      TILES<out_t>[height - 1](A + m * lda, lda, panel, K, C + m * N + nb * BLOCK_N, N, panel_bias, next,
                         (BLOCK_N << 16) / tiles);
       m += height;
     }
@@ -119,8 +133,8 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
               "weight_packed_linear: expects mat1 [M, K] and mat2 from convert_weight_packed");
   TORCH_CHECK(mat1.size(1) == mat2.size(1), "weight_packed_linear: mat1 has K=", mat1.size(1), ", mat2 has K=",
               mat2.size(1));
-  // 16-bit activations are upcast here and the result rounded back: the same as multiplying the
-  // float32 copy of their weights, which is what the packed panels are.
+  // 16-bit activations are upcast here and the result rounded back as it is stored: the same as
+  // multiplying the float32 copy of their weights, which is what the packed panels are.
   const at::Tensor a = mat1.scalar_type() == at::kFloat && mat1.stride(1) == 1 ? mat1 : mat1.to(at::kFloat).contiguous();
   const int64_t M = a.size(0), K = a.size(1), NB = mat2.size(0), N = NB * BLOCK_N;
   at::Tensor b_float;
@@ -129,19 +143,21 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
     TORCH_CHECK(bias->numel() == N, "weight_packed_linear: bias has ", bias->numel(), " values for N=", N);
     b_float = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor out = at::empty({M, N}, a.options());
+  at::Tensor out = at::empty({M, N}, mat1.options());
   const float* A = a.data_ptr<float>();
   const float* B = mat2.data_ptr<float>();
   const float* bias_ptr = b_float.defined() ? b_float.data_ptr<float>() : nullptr;
-  float* C = out.data_ptr<float>();
-  // Threads split the panels, so each streams its own share of the weight.
-  for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
-    const int64_t m1 = std::min(M, m0 + CHUNK_M);
-    at::parallel_for(0, NB, 1, [&](int64_t nb_begin, int64_t nb_end) {
-      gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb_begin, nb_end, NB);
-    });
-  }
-  return mat1.scalar_type() == at::kFloat ? out : out.to(mat1.scalar_type());
+  MINISGL_DISPATCH_FLOATING_TYPES(out.scalar_type(), "weight_packed_linear", [&] {
+    scalar_t* C = out.data_ptr<scalar_t>();
+    // Threads split the panels, so each streams its own share of the weight.
+    for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
+      const int64_t m1 = std::min(M, m0 + CHUNK_M);
+      at::parallel_for(0, NB, 1, [&](int64_t nb_begin, int64_t nb_end) {
+        gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb_begin, nb_end, NB);
+      });
+    }
+  });
+  return out;
 }
 
 }  // namespace minisgl
