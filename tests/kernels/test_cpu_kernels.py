@@ -52,11 +52,11 @@ def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim,
     )
 
 
-def new_kv(c, extend_lens, num_kv_heads, dtype):
+def new_kv(c, extend_lens, num_kv_heads, dtype, head_dim=64):
     """The new tokens' K/V, as strided views like the QKV split's, and their slots: the kernels
     store them in the pool themselves before attending."""
     loc = torch.cat([s[len(s) - n :] for s, n in zip(c["slots"], extend_lens)]).long()
-    kv = torch.randn(len(loc), 2 * num_kv_heads, 64).to(dtype)
+    kv = torch.randn(len(loc), 2 * num_kv_heads, head_dim).to(dtype)
     return kv[:, :num_kv_heads], kv[:, num_kv_heads:], loc
 
 
@@ -76,11 +76,12 @@ def reference_attention(c, scale):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4), (8, 1)])
-def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
+@pytest.mark.parametrize("head_dim", [64, 128, 32])
+def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim):
     seq_lens = [1, 7, 64, 200, 33]
-    c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, 64, dtype, seed=0)
-    key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype)
-    o = torch.empty(len(seq_lens), num_heads, 64, dtype=dtype)
+    c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, seed=0)
+    key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype, head_dim)
+    o = torch.empty(len(seq_lens), num_heads, head_dim, dtype=dtype)
     ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
                              c["req_pool_indices"], c["seq_lens"], 0.125)
     assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
@@ -89,10 +90,12 @@ def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0, 0], [1, 45, 100]), ([0, 17, 64], [70, 3, 33])])
-def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens):
-    c = make_paged_case(prefix_lens, extend_lens, 9, 3, 64, dtype, seed=1)
-    key, value, loc = new_kv(c, extend_lens, 3, dtype)
-    o = torch.empty(sum(extend_lens), 9, 64, dtype=dtype)
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4)])
+@pytest.mark.parametrize("head_dim", [64, 128, 32])  # 32: the kernels' generic (runtime) head-dim path
+def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim):
+    c = make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed=1)
+    key, value, loc = new_kv(c, extend_lens, num_kv_heads, dtype, head_dim)
+    o = torch.empty(sum(extend_lens), num_heads, head_dim, dtype=dtype)
     ops.extend_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
                              c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
     assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)

@@ -46,12 +46,36 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
 }
 
-// Per-thread scratch: the block's queries (scaled, float32), scores and softmax denominators.
+// Keys per block of scores_by_tile: two vectors of scores per query row.
+constexpr int64_t kKeyBlock = 2 * Vec::size();
+// Query rows per tile of scores_by_tile: 12 x 2 accumulators stay in registers.
+constexpr int kScoreRows = 12;
+
+inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Per-thread scratch: the block's queries (scaled, float32), scores (rows padded to whole key
+// blocks), softmax denominators and one block of transposed keys.
 struct Scratch {
-  std::vector<float> q_rows, scores, inv_sum;
+  std::vector<float> q_rows, scores, inv_sum, keys_t;
   Scratch(int64_t rows, int64_t head_dim, int64_t max_kv_len)
-      : q_rows(rows * head_dim), scores(rows * max_kv_len), inv_sum(rows) {}
+      : q_rows(rows * head_dim),
+        scores(rows * round_up(max_kv_len, kKeyBlock)),
+        inv_sum(rows),
+        keys_t(head_dim * kKeyBlock) {}
 };
+
+// Calls fn.template operator()<R>() for the runtime value rows in [1, N]: tile heights are template
+// parameters, so that a tile's accumulators are registers.
+template <int N, typename Fn>
+inline void with_rows(int64_t rows, Fn&& fn) {
+  if constexpr (N > 0) {
+    if (rows == N) {
+      fn.template operator()<N>();
+    } else {
+      with_rows<N - 1>(rows, fn);
+    }
+  }
+}
 
 // Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
 // dotted with every query row that sees it. A row sees key t if its token j >= t - start, start
@@ -59,7 +83,7 @@ struct Scratch {
 template <int kDim, typename scalar_t>
 void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const scalar_t* v_buf,
                    const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
-                   int64_t kv_len, int64_t start) {
+                   int64_t kv_len, int64_t ld, int64_t start) {
   const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
   Vec k[kMaxHeadDim / Vec::size()];
   for (int64_t t = 0; t < kv_len; ++t) {
@@ -75,9 +99,85 @@ void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_b
         const float* qr = sc.q_rows.data() + r * d;
         Vec acc = Vec::loadu(qr) * k[0];
         for (int64_t c = 1; c < n_vec; ++c) acc = at::vec::fmadd(Vec::loadu(qr + c * Vec::size()), k[c], acc);
-        sc.scores[r * kv_len + t] = acc.reduce_add();
+        sc.scores[r * ld + t] = acc.reduce_add();
       }
     }
+  }
+}
+
+// scores[i][0, kKeyBlock) = q_i . kt[:, 0, kKeyBlock) for ROWS query rows: one tile of scores_by_tile.
+template <int ROWS, int kDim>
+inline void score_tile(const float* q, int64_t d, const float* kt, float* scores, int64_t ld) {
+  Vec acc0[ROWS], acc1[ROWS];
+  for (int i = 0; i < ROWS; ++i) acc0[i] = acc1[i] = Vec(0.f);
+  for (int64_t c = 0; c < (kDim ? kDim : d); ++c) {
+    const Vec k0 = Vec::loadu(kt + c * kKeyBlock), k1 = Vec::loadu(kt + c * kKeyBlock + Vec::size());
+    for (int i = 0; i < ROWS; ++i) {
+      const Vec qi(q[i * d + c]);
+      acc0[i] = at::vec::fmadd(qi, k0, acc0[i]);
+      acc1[i] = at::vec::fmadd(qi, k1, acc1[i]);
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) {
+    acc0[i].store(scores + i * ld);
+    acc1[i].store(scores + i * ld + Vec::size());
+  }
+}
+
+// Pass 1 of attend_block when many query rows share each key (extend): a block of kKeyBlock keys is
+// widened and transposed once into keys_t[d][kKeyBlock], and then Q . K^T for the block is a small
+// GEMM: each query element is broadcast against a row of keys_t, with no horizontal sums (which
+// scores_by_key needs, one per query row and key). Rows that see none of a block's keys skip it.
+template <int kDim, typename scalar_t>
+void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const int32_t* token_slots,
+                    int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
+                    int64_t start) {
+  const int64_t d = kDim ? kDim : a.head_dim;
+  float* kt = sc.keys_t.data();
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t0 = 0; t0 < kv_len; t0 += kKeyBlock) {
+      const int64_t n = std::min(kKeyBlock, kv_len - t0);
+      for (int64_t t = 0; t < kKeyBlock; ++t) {
+        if (t < n) {
+          const scalar_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
+          for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
+        } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
+          for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
+        }
+      }
+      // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
+      for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
+        const int64_t row = h * rows_per_head + r;
+        with_rows<kScoreRows>(std::min<int64_t>(kScoreRows, rows_per_head - r), [&]<int R>() {
+          score_tile<R, kDim>(sc.q_rows.data() + row * d, d, kt, sc.scores.data() + row * ld + t0, ld);
+        });
+      }
+    }
+  }
+}
+
+// out_i = sum_t p[i][t] * v_t for ROWS query rows of one KV head, over keys [0, n): each value row is
+// loaded (and widened) once for the whole tile. Rows that see fewer keys have p = 0 past them.
+template <int ROWS, int kDim, typename scalar_t>
+inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_head,
+                       const int32_t* token_slots, float* out) {
+  constexpr int64_t kMaxVec = (kDim ? kDim : kMaxHeadDim) / Vec::size();
+  const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
+  Vec acc[ROWS][kMaxVec];
+  for (int i = 0; i < ROWS; ++i) {
+    for (int64_t c = 0; c < n_vec; ++c) acc[i][c] = Vec(0.f);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const scalar_t* v = v_head + token_slots[t] * a.v_slot_stride;
+    Vec vt[kMaxVec];
+    for (int64_t c = 0; c < n_vec; ++c) vt[c] = load_float(v + c * Vec::size());
+    for (int i = 0; i < ROWS; ++i) {
+      const Vec pt(p[i * ld + t]);
+      for (int64_t c = 0; c < n_vec; ++c) acc[i][c] = at::vec::fmadd(pt, vt[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) {
+    for (int64_t c = 0; c < n_vec; ++c) acc[i][c].store(out + i * d + c * Vec::size());
   }
 }
 
@@ -109,33 +209,38 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     }
   }
 
-  // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never read).
-  scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len,
-                                prefix + first);
-  // 2. softmax over each row's visible keys (the division is deferred to the output)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* s = sc.scores.data() + r * kv_len;
-    const float m = *std::max_element(s, s + visible(r));
-    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
+  // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never used).
+  const int64_t ld = round_up(kv_len, kKeyBlock);
+  if (rows_per_head >= kScoreRows) {
+    scores_by_tile<kDim, scalar_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
+                                   prefix + first);
+  } else {
+    scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
+                                  prefix + first);
   }
-  // 3. o_r = sum_t p[r][t] * v_t / sum_r, row by row so the accumulator stays in registers.
-  Vec acc[kMaxHeadDim / Vec::size()];
+  // 2. softmax over each row's visible keys (the division is deferred to the output); p = 0 past them,
+  // for the value tiles that run to their last row's keys.
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = sc.scores.data() + r * ld;
+    const float m = max_of(s, visible(r));
+    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
+    std::fill(s + visible(r), s + kv_len, 0.f);
+  }
+  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows (24 accumulators in all).
+  constexpr int kValueRows = kDim ? std::max<int>(1, 24 / (kDim / Vec::size())) : 1;
+  float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < count; ++j) {
-      for (int64_t g = 0; g < a.group; ++g) {
-        const int64_t r = row(h, j, g);
-        const float* p = sc.scores.data() + r * kv_len;
-        for (int64_t c = 0; c < n_vec; ++c) acc[c] = Vec(0.f);
-        for (int64_t t = 0; t < visible(r); ++t) {
-          const scalar_t* v = v_buf + token_slots[t] * a.v_slot_stride + (head_begin + h) * d;
-          const Vec pt(p[t]);
-          for (int64_t c = 0; c < n_vec; ++c) acc[c] = at::vec::fmadd(pt, load_float(v + c * Vec::size()), acc[c]);
-        }
+    for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
+      const int64_t n_rows = std::min<int64_t>(kValueRows, (h + 1) * rows_per_head - r0);
+      with_rows<kValueRows>(n_rows, [&]<int R>() {
+        value_tile<R, kDim>(a, sc.scores.data() + r0 * ld, ld, visible(r0 + R - 1), v_buf + (head_begin + h) * d,
+                            token_slots, out);
+      });
+      for (int64_t i = 0; i < n_rows; ++i) {
+        const int64_t r = r0 + i, j = (r % rows_per_head) / a.group, g = r % a.group;
         scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
-        const Vec inv(sc.inv_sum[r]);
-        float out[kMaxHeadDim];
-        for (int64_t c = 0; c < n_vec; ++c) (acc[c] * inv).store(out + c * Vec::size());
-        for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<scalar_t>(out[i]);
+        const float inv = sc.inv_sum[r];
+        for (int64_t c = 0; c < d; ++c) dst[c] = static_cast<scalar_t>(out[i * d + c] * inv);
       }
     }
   }

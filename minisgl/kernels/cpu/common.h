@@ -97,6 +97,20 @@ inline void round_in_place(float* x, int64_t n) {
   }
 }
 
+// max(x[0], ..., x[n - 1]) for n >= 1 (std::max_element is scalar: it has to track where the max is).
+inline float max_of(const float* x, int64_t n) {
+  using Vec = at::vec::Vectorized<float>;
+  float m = x[0];
+  int64_t i = 0;
+  if (n >= Vec::size()) {
+    Vec vmax = Vec::loadu(x);
+    for (i = Vec::size(); i + Vec::size() <= n; i += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(x + i));
+    m = vmax.reduce_max();
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
 // x[i] = exp(x[i] - shift) for i < n, returning the sum of the results (softmax's denominator).
 inline float exp_and_sum(float* x, int64_t n, float shift) {
   using Vec = at::vec::Vectorized<float>;
