@@ -204,8 +204,11 @@ def workload_flops(config, workload) -> float:
 
 
 def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
-    """The fastest rate (FLOP/s) oneDNN reaches on this model's MLP up-projection at prefill size,
-    in this dtype or, for bf16, on float32 copies: the floor's denominator."""
+    """The fastest rate (FLOP/s) a GEMM path reaches on this model's MLP up-projection at prefill
+    size: oneDNN in this dtype or, for bf16, on float32 copies, and minisgl's weight_packed_linear
+    (float32) where it was built. The floor's denominator."""
+    from minisgl.kernels.cpu import has_packed_gemm
+
     m, k, n = 2048, config.hidden_size, 2 * config.intermediate_size
     best = (0.0, "")
     for compute in ([torch.float32] if dtype == "float32" else [torch.bfloat16, torch.float32]):
@@ -213,6 +216,10 @@ def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
         w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(compute), 64)
         rate = 2 * m * k * n / best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
         best = max(best, (rate, f"oneDNN {str(compute).removeprefix('torch.')}"))
+    if has_packed_gemm():
+        x, w = torch.randn(m, k), torch.ops.minisgl_kernel.convert_weight_packed(torch.randn(n, k))
+        rate = 2 * m * k * n / best_of(lambda: torch.ops.minisgl_kernel.weight_packed_linear(x, w, None))
+        best = max(best, (rate, "minisgl weight_packed_linear float32"))
     return best
 
 

@@ -12,7 +12,7 @@
 // Here, while the tiles multiply panel j, they prefetch panel j + 1 into L2, spread evenly over
 // their k-steps, so loading the next panel overlaps computing this one. That lifted decode-sized
 // GEMMs to 1.3-1.6x oneDNN's rate, within reach of the peak at 64 rows (benchmarks/roofline.py
-// prints both), and at prefill sizes it is level with oneDNN.
+// prints both). At prefill sizes, where the weights stay in cache, oneDNN is still 4-6% faster.
 //
 // What SGLang's version has and this one omits: bf16/fp16 weights in the VNNI layout multiplied
 // by AMX tiles (brgemm), and int8/fp8 weights. Here weights are float32 (16-bit ones are upcast
@@ -33,8 +33,8 @@ namespace {
 constexpr int64_t BLOCK_N = 32;  // columns per panel: two 16-float registers
 constexpr int MAX_ROWS = 12;     // rows per tile: 12 x 2 accumulators + 2 weight registers + 1 broadcast
 // Large M (prefill) goes in chunks of 128 rows: all tiles of a chunk re-read a panel while it is
-// still in L2 (a 576-deep panel is 72 KiB), and the chunk's rows stay there too. Measured on
-// 2,048 rows: level with oneDNN; whole-M passes or 256-row chunks were 5-10% slower.
+// still in L2 (a 576-deep panel is 72 KiB), and the chunk's rows stay there too. On 2,048 rows,
+// whole-M passes or 256-row chunks measured 5-10% slower; blocking K as well gained nothing.
 constexpr int64_t CHUNK_M = 128;
 
 // Stores 32 float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to() does)
