@@ -64,18 +64,6 @@ struct Scratch {
         keys_t(head_dim * kKeyBlock) {}
 };
 
-// Calls fn.template operator()<R>() for the runtime value rows in [1, N]: tile heights are template
-// parameters, so that a tile's accumulators are registers.
-template <int N, typename Fn>
-inline void with_rows(int64_t rows, Fn&& fn) {
-  if constexpr (N > 0) {
-    if (rows == N) {
-      fn.template operator()<N>();
-    } else {
-      with_rows<N - 1>(rows, fn);
-    }
-  }
-}
 
 // Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
 // dotted with every query row that sees it. A row sees key t if its token j >= t - start, start

@@ -38,6 +38,19 @@ inline float round_to(float x) {
   return static_cast<float>(static_cast<scalar_t>(x));
 }
 
+// Calls fn.template operator()<R>() for the runtime value rows in [1, N]: tile heights are template
+// parameters, so that a tile's accumulators are registers.
+template <int N, typename Fn>
+inline void with_rows(int64_t rows, Fn&& fn) {
+  if constexpr (N > 0) {
+    if (rows == N) {
+      fn.template operator()<N>();
+    } else {
+      with_rows<N - 1>(rows, fn);
+    }
+  }
+}
+
 // Rows of a 16-bit dtype are widened to float32 once, computed on in float32 and narrowed once
 // (rounding to nearest even, as .to() does), all in vector registers: converting element by element
 // inside the arithmetic made the bf16 kernels 4-8x slower than the float32 ones. For float32 rows
