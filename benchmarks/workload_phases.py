@@ -11,9 +11,9 @@ phase was measured with this script, at the commits docs/performance.md names.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import defaultdict
-import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))

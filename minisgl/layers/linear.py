@@ -55,30 +55,28 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     Mirrors SGLang's _amx_process_weight_after_loading (layers/amx_utils.py), which repacks CPU
     weights once after loading for its own GEMM kernel. In order of preference on CPU:
 
-    - a 16-bit weight stays 16-bit, in oneDNN's blocked layout, where this CPU multiplies bf16
-      at least about as fast as float32 (AMX, or a full-rate bf16 dot product);
+    - a bf16 weight stays bf16, in oneDNN's blocked layout, where this CPU multiplies bf16 at
+      least about as fast as float32 (AMX, or a full-rate bf16 dot product);
     - float32 panels [N / 32, K, 32] for minisgl's weight_packed_linear, where it was built
-      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.3-1.5x oneDNN's rate;
-    - oneDNN's blocked layout, which it would otherwise re-derive on every call (packed once,
-      decode-sized GEMMs measured 25-35% faster).
+      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.5-1.7x oneDNN's rate;
+    - oneDNN's blocked layout in float32, which oneDNN would otherwise re-derive on every call
+      (packed once, decode-sized GEMMs measured 25-35% faster).
 
-    A 16-bit weight that is not kept 16-bit becomes float32. Each product of two bf16 numbers is
-    exact in float32 and both bf16 GEMMs accumulate in float32, so results differ from the bf16
-    GEMM's only in summation order; it costs twice the weight memory. The result is only for
-    apply_linear to read.
+    So a 16-bit weight usually becomes float32. Each product of two bf16 (or fp16) numbers is
+    exact in float32 and a bf16 GEMM accumulates in float32 as well, so results differ from a
+    bf16 GEMM's only in summation order; it costs twice the weight memory. The result is only
+    for apply_linear to read.
     """
     if not weight.is_cpu:
         return weight
     mkldnn = torch.backends.mkldnn.is_available()
-    if weight.dtype in (torch.bfloat16, torch.float16):
-        if mkldnn and not _cpu_prefers_float32_gemm():
-            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
-        weight = weight.float()
-    if has_packed_gemm() and weight.shape[0] % 32 == 0:
-        return torch.ops.minisgl_kernel.convert_weight_packed(weight.detach())
-    if mkldnn and weight.dtype == torch.float32:
-        # The hint is the batch size oneDNN tunes the layout for; any batch size works.
+    if weight.dtype == torch.bfloat16 and mkldnn and not _cpu_prefers_float32_gemm():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
+    if has_packed_gemm() and weight.shape[0] % 32 == 0:
+        return torch.ops.minisgl_kernel.convert_weight_packed(weight.detach())  # upcasts to float32 itself
+    if mkldnn:
+        # The hint is the batch size oneDNN tunes the layout for; any batch size works.
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), 64)
     return weight
 
 

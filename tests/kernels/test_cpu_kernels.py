@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import has_packed_gemm, is_available
-from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.rotary_embedding import get_rope
 from tests._models import tiny_model_dir
