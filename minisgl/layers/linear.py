@@ -58,7 +58,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     - a bf16 weight stays bf16, in oneDNN's blocked layout, where this CPU multiplies bf16 at
       least about as fast as float32 (AMX, or a full-rate bf16 dot product);
     - float32 panels [N / 32, K, 32] for minisgl's weight_packed_linear, where it was built
-      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.5-1.7x oneDNN's rate;
+      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.3-1.7x oneDNN's rate;
     - oneDNN's blocked layout in float32, which oneDNN would otherwise re-derive on every call
       (packed once, decode-sized GEMMs measured 25-35% faster).
 

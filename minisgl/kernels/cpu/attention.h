@@ -64,7 +64,6 @@ struct Scratch {
         keys_t(head_dim * kKeyBlock) {}
 };
 
-
 // Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
 // dotted with every query row that sees it. A row sees key t if its token j >= t - start, start
 // being the absolute position of the block's first token: within each KV head, a suffix of its rows.

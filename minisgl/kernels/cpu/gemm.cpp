@@ -11,7 +11,7 @@
 // 2-core Xeon whose float32 peak is about 310, leaving the FMA units idle while weights arrived.
 // Here, while the tiles multiply panel j, they prefetch panel j + 1 into L2, spread evenly over
 // their k-steps, so loading the next panel overlaps computing this one. That lifted decode-sized
-// GEMMs to 1.3-1.6x oneDNN's rate, within reach of the peak at 64 rows (benchmarks/roofline.py
+// GEMMs to 1.3-1.7x oneDNN's rate, within reach of the peak at 64 rows (benchmarks/roofline.py
 // prints both). At prefill sizes, where the weights stay in cache, oneDNN is still 4-6% faster.
 //
 // What SGLang's version has and this one omits: bf16/fp16 weights in the VNNI layout multiplied
