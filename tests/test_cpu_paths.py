@@ -1,13 +1,15 @@
-"""The CPU-specific paths outside the C++ kernels: packed linear weights, the lazily touched
-KV pool and the CPU's chunked-prefill default. Each is checked against the plain behaviour it
-replaces."""
+"""The CPU-specific paths around the C++ kernels: packed linear weights (minisgl's GEMM and the
+oneDNN fallback), the lazily touched KV pool and the CPU's chunked-prefill default. Each is
+checked against the plain behaviour it replaces."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import has_packed_gemm
-from minisgl.layers.linear import apply_linear, pack_linear_weight
+from minisgl.layers import linear
+from minisgl.layers.linear import LinearBase, apply_linear, pack_linear_weight
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool
 from minisgl.server_args import ServerArgs
 
@@ -15,13 +17,16 @@ from minisgl.server_args import ServerArgs
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("rows", [1, 37, 300])
 @pytest.mark.parametrize("out_features", [96, 72])
-def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features):
+@pytest.mark.parametrize("gemm", ["minisgl", "oneDNN"])
+def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, monkeypatch):
+    if gemm == "oneDNN":  # the path of CPUs without AVX-512, where weight_packed_linear is not built
+        monkeypatch.setattr(linear, "has_packed_gemm", lambda: False)
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(out_features, 64, generator=g).to(dtype)
     bias = torch.randn(out_features, generator=g).to(dtype)
     x = torch.randn(rows, 64, generator=g).to(dtype)
     packed = pack_linear_weight(weight)
-    if has_packed_gemm() and out_features % 32 == 0 and packed.dtype == torch.float32:
+    if linear.has_packed_gemm() and out_features % 32 == 0 and packed.dtype == torch.float32:
         assert packed.shape == (out_features // 32, 64, 32)  # minisgl's float32 panels (gemm.cpp)
     else:
         assert packed.is_mkldnn  # oneDNN's blocked layout, maybe as float32
@@ -30,6 +35,19 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features):
     torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float(), bias.float()), atol=tol, rtol=tol)
     # 3-D inputs are flattened for the GEMM and restored
     assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, out_features)
+
+
+@pytest.mark.skipif(not has_packed_gemm(), reason="weight_packed_linear is built for AVX-512 only")
+def test_loaded_model_multiplies_through_the_packed_gemm(tiny_llama):
+    engine = Engine(model_path=tiny_llama, device="cpu", max_total_tokens=256)
+    try:
+        model = engine.scheduler.tp_worker.model_runner.model
+        linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+        assert linears and all(m.weight.dim() == 3 for m in linears)  # every N here is a multiple of 32
+        assert model.lm_head.gemm_weight.dim() == 3  # the LM head's packed copy; the tied weight stays plain
+        assert model.lm_head.weight.dim() == 2
+    finally:
+        engine.shutdown()
 
 
 def test_kv_pool_zeroes_only_the_padding_page():
