@@ -9,7 +9,7 @@ with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sour
 the library. The packed GEMM is float32 and AVX-512 only (:func:`has_packed_gemm`); without it
 linear layers stay on oneDNN. Omitted: MoE, quantized GEMMs, MLA and the shared-memory all-reduce.
 
-Building needs a C++ compiler and ninja and takes about 20 s on two cores, once per machine
+Building needs a C++ compiler and ninja and takes about 27 s on two cores, once per machine
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
 cannot build, :func:`is_available` is False, a warning says why, and callers keep their
 PyTorch paths; ``MINISGL_DISABLE_CPU_KERNELS=1`` does the same on purpose (for comparisons,
