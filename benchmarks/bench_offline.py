@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from roofline import best_of  # noqa: E402
-from workload import make_workload  # noqa: E402
+from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -232,12 +232,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default="SmolLM2-135M-Instruct")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--min-input", type=int, default=16)
-    parser.add_argument("--max-input", type=int, default=256)
-    parser.add_argument("--min-output", type=int, default=16)
-    parser.add_argument("--max-output", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-requests", type=int, default=OFFLINE_WORKLOAD["num_requests"])
+    parser.add_argument("--min-input", type=int, default=OFFLINE_WORKLOAD["min_input"])
+    parser.add_argument("--max-input", type=int, default=OFFLINE_WORKLOAD["max_input"])
+    parser.add_argument("--min-output", type=int, default=OFFLINE_WORKLOAD["min_output"])
+    parser.add_argument("--max-output", type=int, default=OFFLINE_WORKLOAD["max_output"])
+    parser.add_argument("--seed", type=int, default=OFFLINE_WORKLOAD["seed"])
     parser.add_argument("--hf-one-at-a-time", type=int, default=8, help="requests for the HF one-at-a-time baseline (0: skip)")
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),

@@ -2,7 +2,7 @@
 
     python benchmarks/workload_phases.py [--dtype float32|bfloat16]
 
-Runs bench_offline.py's workload (64 requests, seed 0) through minisgl's offline Engine and
+Runs bench_offline.py's default workload (workload.OFFLINE_WORKLOAD: 64 requests, seed 0) through minisgl's offline Engine and
 times every model forward: the prefill chunks (EXTEND) and the decode steps, grouped by how
 many requests were decoding. How each change of issue 8 moved the prefill and the decode
 phase was measured with this script, at the commits docs/performance.md names.
@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import make_workload  # noqa: E402
+from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 
 
 def main() -> None:
@@ -32,8 +32,7 @@ def main() -> None:
     from minisgl.model_loader.gguf import resolve_model_path
 
     path = resolve_model_path(args.model_path)
-    workload = make_workload(num_requests=64, min_input=16, max_input=256, min_output=16, max_output=128,
-                             vocab_size=AutoConfig.from_pretrained(path).vocab_size, seed=0)
+    workload = make_workload(**OFFLINE_WORKLOAD, vocab_size=AutoConfig.from_pretrained(path).vocab_size)
     engine = Engine(model_path=path, dtype=args.dtype, max_total_tokens=40000)
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # warm-up, outside the timing
 

@@ -26,19 +26,6 @@ struct PagedAttentionArgs {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kMaxHeadDim = 256;
 
-// Vec::size() consecutive values of a K/V/q row as float32 (bf16 and fp16 widen exactly).
-template <typename T>
-inline Vec load_float(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return Vec::loadu(p);
-  } else {
-    Vec out;
-    at::vec::load_to_float<T>(p, out);
-    return out;
-  }
-}
-
-
 // Asks for every cache line of [p, p + bytes). Decode reads K/V rows from slots scattered over the
 // pool (a request's generated tokens are interleaved with its batch-mates'), which the hardware
 // prefetchers cannot predict; a prefetch only brings one 64-byte line.

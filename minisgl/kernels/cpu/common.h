@@ -51,6 +51,18 @@ inline void with_rows(int64_t rows, Fn&& fn) {
   }
 }
 
+// Vec::size() consecutive values of a model-dtype row as float32 (bf16 and fp16 widen exactly).
+template <typename T>
+inline at::vec::Vectorized<float> load_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return at::vec::Vectorized<float>::loadu(p);
+  } else {
+    at::vec::Vectorized<float> out;
+    at::vec::load_to_float<T>(p, out);
+    return out;
+  }
+}
+
 // Rows of a 16-bit dtype are widened to float32 once, computed on in float32 and narrowed once
 // (rounding to nearest even, as .to() does), all in vector registers: converting element by element
 // inside the arithmetic made the bf16 kernels 4-8x slower than the float32 ones. For float32 rows
@@ -60,13 +72,9 @@ inline const float* as_float(const T* src, float* buf, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
-    using bVec = at::vec::Vectorized<T>;
+    constexpr int64_t width = at::vec::Vectorized<float>::size();
     int64_t i = 0;
-    for (; i + bVec::size() <= n; i += bVec::size()) {
-      auto [lo, hi] = at::vec::convert_to_float<T>(bVec::loadu(src + i));
-      lo.store(buf + i);
-      hi.store(buf + i + bVec::size() / 2);
-    }
+    for (; i + width <= n; i += width) load_float(src + i).store(buf + i);
     for (; i < n; ++i) buf[i] = static_cast<float>(src[i]);
     return buf;
   }

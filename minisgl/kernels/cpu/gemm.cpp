@@ -45,10 +45,8 @@ inline void store_32(out_t* dst, __m512 lo, __m512 hi) {
   if constexpr (std::is_same_v<out_t, float>) {
     _mm512_storeu_ps(dst, lo);
     _mm512_storeu_ps(dst + 16, hi);
-  } else if constexpr (std::is_same_v<out_t, at::BFloat16>) {
-    at::vec::convert_float_bfloat16(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
-  } else {
-    at::vec::convert_float_half(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
+  } else {  // the same conversion store_row (common.h) uses
+    at::vec::convert_from_float<out_t>(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
   }
 }
 
