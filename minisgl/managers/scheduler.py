@@ -2,8 +2,8 @@
 
 Mirrors python/sglang/srt/managers/scheduler.py (handle_generate_request,
 get_next_batch_to_run, get_new_batch_prefill, update_running_batch, run_batch,
-process_batch_result, abort_request) and the admission rules of
-schedule_policy.py (PrefillAdder). Continuous batching works as in SGLang: a
+abort_request, the TP event loop); admission lives in schedule_policy.py and
+result handling in scheduler_output_processor_mixin.py, as in SGLang. Continuous batching works as in SGLang: a
 step either prefills newly admitted requests or decodes the running batch, and
 a finished prefill joins the running batch at the next step. When decode runs
 out of KV slots, requests are retracted to the waiting queue and later
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 import traceback
@@ -41,7 +40,16 @@ from minisgl.managers.io_struct import (
     ReqOutput,
     TokenizedGenerateReqInput,
 )
-from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
+from minisgl.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from minisgl.managers.schedule_policy import (
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY,
+    AddReqResult,
+    PrefillAdder,
+    SchedulePolicy,
+)
+from minisgl.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
@@ -49,23 +57,15 @@ from minisgl.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
 
-# SGLang's defaults: admission reserves decode room for only a fraction of each request's
-# remaining max_new_tokens (most requests stop early). The fraction decays while decoding
-# goes well and jumps back after a retraction; remaining tokens are clipped at 4096.
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-CLIP_MAX_NEW_TOKENS = 4096
-# SGLang's in-batch prefix check: a request whose first tokens equal those of a request
-# already admitted this round waits one round, so it can reuse that request's KV.
-IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
 # An idle rank 0 wakes this often so the other ranks' broadcast never waits out its timeout.
 IDLE_POLL_INTERVAL_S = 1.0
 # Where rank processes write their trace events (read by the launcher, see run_scheduler_process).
 TRACE_DIR_ENV = "MINISGL_TRACE_DIR"
 
 
-class Scheduler:
+class Scheduler(SchedulerOutputProcessorMixin):
+    """Mirrors Scheduler in scheduler.py; see the module docstring for what it omits."""
+
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
@@ -97,6 +97,7 @@ class Scheduler:
         self.num_prompt_tokens = 0
         self.num_cached_tokens = 0
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
         self._rid_to_req: dict[str, Req] = {}
 
     def maybe_init_draft_worker(self) -> None:
@@ -211,78 +212,32 @@ class Scheduler:
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue:
             return None
-        info = self.worker_info
-        page = info.page_size
-        running = self.running_batch.reqs
-        if self.server_args.schedule_policy == "lpm":
-            for req in self.waiting_queue:
-                req.init_next_round_input(self.tree_cache)
-            # Longest cached prefix first: the most reuse before the cache changes.
-            self.waiting_queue.sort(key=lambda r: -len(r.prefix_indices))
-        # Room the running requests will still need for decoding.
-        reserved = sum(self._decode_reservation(r) for r in running)
-        free_tokens = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size() - reserved
-        free_req_slots = self.req_to_token_pool.available_size()
-        chunk_budget = self.server_args.chunked_prefill_size
-        can_run: list[Req] = []
-        admitted_prefixes: set[tuple[int, ...]] = set()
-        prefill_tokens = 0
+        self.policy.calc_priority(self.waiting_queue)
+        adder = PrefillAdder(
+            self.tree_cache,
+            self.token_to_kv_pool_allocator,
+            self.running_batch.reqs,
+            self.new_token_ratio,
+            self.req_to_token_pool.available_size(),
+            self.worker_info.max_running_requests,
+            self.server_args.chunked_prefill_size,
+            self.worker_info.max_prefill_tokens,
+        )
         for req in self.waiting_queue:
-            if len(running) + len(can_run) >= info.max_running_requests:
+            if adder.add_one_req(req) == AddReqResult.STOP:
                 break
-            if req.req_pool_idx is None and free_req_slots == 0:
-                break
-            req.init_next_round_input(self.tree_cache)  # lazily: requests behind the first refused are never matched
-            head = tuple(req.fill_ids[:IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD])
-            if (
-                not self.tree_cache.disable
-                and len(req.prefix_indices) < IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD
-                and head in admitted_prefixes
-            ):
-                continue
-            if chunk_budget is not None and not req.wants_prompt_logprobs():
-                room = (chunk_budget - prefill_tokens) // page * page
-                if room <= 0:
-                    break
-                if req.extend_input_len > room:
-                    # Chunked prefill: run the first `room` tokens now, the rest in later rounds.
-                    req.fill_ids = req.fill_ids[: req.prefix_len + room]
-                    req.extend_input_len = room
-                    req.is_chunked = True
-            need = math.ceil(req.extend_input_len / page) * page
-            # With nothing else running, the oldest request starts as soon as its prompt fits;
-            # if its decode later outgrows the pool, update_running_batch ends it with a reason.
-            if running or can_run:
-                need += self._decode_reservation(req)
-            if need > free_tokens:
-                req.is_chunked = False
-                break
-            if can_run and not req.is_chunked and prefill_tokens + req.extend_input_len > info.max_prefill_tokens:
-                break
-            if req.req_pool_idx is None:  # a new (or retracted) request: lock the prefix it will read
-                self.tree_cache.inc_lock_ref(req.last_node)
-                if req.num_retractions == 0:
-                    req.cached_tokens = len(req.prefix_indices)
-                    self.num_prompt_tokens += len(req.origin_input_ids)
-                    self.num_cached_tokens += req.cached_tokens
-            can_run.append(req)
-            admitted_prefixes.add(head)
-            free_tokens -= need
-            free_req_slots -= req.req_pool_idx is None
-            prefill_tokens += req.extend_input_len
-            if req.is_chunked:
-                break  # a chunked request is the last of its batch
-        if not can_run:
+        for req in adder.can_run_list:
+            if req.req_pool_idx is None and req.num_retractions == 0:
+                req.cached_tokens = len(req.prefix_indices)
+                self.num_prompt_tokens += len(req.origin_input_ids)
+                self.num_cached_tokens += req.cached_tokens
+        if not adder.can_run_list:
             return None
-        admitted = set(map(id, can_run))
+        admitted = set(map(id, adder.can_run_list))
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
-        batch = self._new_batch(can_run)
+        batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
         return batch
-
-    def _decode_reservation(self, req: Req) -> int:
-        remaining = min(req.sampling_params.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
-        return math.ceil(max(remaining, 0) * self.new_token_ratio)
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():
@@ -311,92 +266,6 @@ class Scheduler:
                 return self.draft_worker.forward_batch_generation(batch)
             return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
 
-    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
-        new_token_ids = _split_per_request(result)
-        out = result.logits_output
-        hidden_offset = 0
-        still_running = []
-        for i, req in enumerate(batch.reqs):
-            if batch.forward_mode.is_extend():
-                self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i])
-                hidden_offset += batch.extend_lens[i]
-                if req.is_chunked:
-                    # Not the whole prompt yet: no token; publish the chunk and come back first.
-                    req.is_chunked = False
-                    self.tree_cache.cache_unfinished_req(req)
-                    self.waiting_queue.insert(0, req)
-                    continue
-            elif out.hidden_states is not None and req.return_hidden_states:
-                req.hidden_states.append(out.hidden_states[i].tolist())
-            new_ids = []
-            if req.sampling_params.max_new_tokens == 0:
-                req.finished_reason = FINISH_LENGTH(0)  # prefill only (e.g. to warm the cache)
-            else:
-                new_ids = self._append_output_ids(req, new_token_ids[i], out, i)
-            if result.accept_length_per_req_cpu is not None:
-                self._account_spec_round(req, result.accept_length_per_req_cpu[i])
-            if req.finished():
-                self._finish(req, new_ids)
-                continue
-            if batch.forward_mode.is_extend():
-                self.tree_cache.cache_unfinished_req(req)
-            self._emit(req, new_ids)
-            still_running.append(req)
-        batch.reqs = still_running
-
-    def _append_output_ids(self, req: Req, token_ids: list[int], out, i: int) -> list[int]:
-        """Append the step's tokens (several after a speculative round) up to the first that ends it."""
-        appended = []
-        for token_id in token_ids:
-            req.output_ids.append(token_id)
-            appended.append(token_id)
-            if req.return_logprob:
-                self._record_output_logprobs(req, out, i)
-            req.check_finished(self._tail_text(req))
-            if req.finished():
-                break
-        return appended
-
-    def _account_spec_round(self, req: Req, num_accepted: int) -> None:
-        req.spec_verify_ct += 1
-        req.spec_accepted_tokens += num_accepted
-        if req.kv_len > req.seqlen - 1:
-            # It finished inside the accepted run: tokens it did not keep need no KV.
-            self.draft_worker.release_kv(req, req.seqlen - 1)
-
-    def _record_extend_side_outputs(self, req: Req, out, i: int, row_offset: int, prefix_len: int) -> None:
-        if req.return_logprob and out.input_token_logprobs is not None:
-            req.input_token_logprobs += out.input_token_logprobs[i]
-            if out.input_top_logprobs_val[i] is not None:
-                req.input_top_logprobs_val += out.input_top_logprobs_val[i]
-                req.input_top_logprobs_idx += out.input_top_logprobs_idx[i]
-            if out.input_token_ids_logprobs_val[i] is not None:
-                req.input_token_ids_logprobs_val += out.input_token_ids_logprobs_val[i]
-                req.input_token_ids_logprobs_idx += out.input_token_ids_logprobs_idx[i]
-        if req.return_hidden_states and out.hidden_states is not None:
-            # Keep each position once: a retracted request re-prefills positions it already has.
-            for pos in range(len(req.hidden_states), req.kv_len):
-                req.hidden_states.append(out.hidden_states[row_offset + pos - prefix_len].tolist())
-
-    @staticmethod
-    def _record_output_logprobs(req: Req, out, i: int) -> None:
-        req.output_token_logprobs.append(float(out.next_token_logprobs[i]))
-        if out.next_token_top_logprobs_val is not None:
-            req.output_top_logprobs_val.append(out.next_token_top_logprobs_val[i])
-            req.output_top_logprobs_idx.append(out.next_token_top_logprobs_idx[i])
-        if out.next_token_token_ids_logprobs_val is not None:
-            req.output_token_ids_logprobs_val.append(out.next_token_token_ids_logprobs_val[i])
-            req.output_token_ids_logprobs_idx.append(out.next_token_token_ids_logprobs_idx[i])
-
-    def _tail_text(self, req: Req) -> Optional[str]:
-        stops = req.sampling_params.stop_strs
-        if not stops or self.tokenizer is None:
-            return None
-        # Enough trailing tokens to contain the longest stop string: a token is at least one
-        # byte (byte-level BPE splits a multibyte character), so count bytes, not characters.
-        n = max(len(s.encode()) for s in stops) + 1
-        return self.tokenizer.decode(req.output_ids[-n:])
-
     def _finish(self, req: Req, new_ids: Optional[list[int]] = None) -> None:
         if req.req_pool_idx is not None:
             if req.return_routed_experts:
@@ -408,54 +277,6 @@ class Scheduler:
         if new_ids is None:
             new_ids = [req.output_ids[-1]] if req.output_ids else []
         self._emit(req, new_ids)
-
-    def _emit(self, req: Req, new_ids: list[int]) -> None:
-        meta = self._build_meta_info(req) if req.finished() else None
-        if meta is not None and req.spec_verify_ct > 0:
-            meta.update(self._spec_meta_info(req))
-        self.outputs.append(ReqOutput(req.rid, new_ids, req.finished(), meta))
-
-    def _spec_meta_info(self, req: Req) -> dict:
-        """SGLang's speculative metrics (its TokenizerManager computes them from the same counters)."""
-        drafted = req.spec_verify_ct * self.server_args.speculative_num_steps
-        return {
-            "spec_verify_ct": req.spec_verify_ct,
-            "spec_accept_token_num": req.spec_accepted_tokens,
-            "spec_draft_token_num": drafted,
-            "spec_accept_rate": req.spec_accepted_tokens / drafted,
-            # Tokens per target forward (the first came from the prefill, as in SGLang).
-            "spec_accept_length": len(req.output_ids) / req.spec_verify_ct,
-        }
-
-    @staticmethod
-    def _build_meta_info(req: Req) -> dict:
-        meta = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "finish_reason": req.finished_reason.to_json(),
-            "cached_tokens": req.cached_tokens,
-            "num_retractions": req.num_retractions,
-        }
-        if req.return_logprob:
-            # SGLang's shape: (logprob, token_id, text); text is filled by the front end if asked.
-            start = req.logprob_start_len
-            prompt_ids = req.origin_input_ids[start:]
-            meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_token_logprobs, prompt_ids)]
-            meta["output_token_logprobs"] = [
-                (lp, t, None) for lp, t in zip(req.output_token_logprobs, req.output_ids)
-            ]
-            meta["input_top_logprobs"] = _zip_top(req.input_top_logprobs_val, req.input_top_logprobs_idx)
-            meta["output_top_logprobs"] = _zip_top(req.output_top_logprobs_val, req.output_top_logprobs_idx)
-            meta["input_token_ids_logprobs"] = _zip_top(req.input_token_ids_logprobs_val, req.input_token_ids_logprobs_idx)
-            meta["output_token_ids_logprobs"] = _zip_top(
-                req.output_token_ids_logprobs_val, req.output_token_ids_logprobs_idx
-            )
-        if req.return_hidden_states:
-            meta["hidden_states"] = req.hidden_states
-        if req.return_routed_experts and req.routed_experts is not None:
-            meta["routed_experts"] = req.routed_experts
-        return meta
 
     def flush_cache(self) -> bool:
         """Empty the radix cache; refused (False) while requests are in flight, as in SGLang."""
@@ -602,17 +423,3 @@ def _send_error(conn: Connection, error: BaseException) -> None:
             conn.send(("error", RuntimeError(repr(error)), detail))
 
 
-def _split_per_request(result: GenerationBatchResult) -> list[list[int]]:
-    """The new tokens of each request: one, or after a speculative round n + 1 for n accepted drafts."""
-    flat = result.next_token_ids.tolist()
-    if result.accept_length_per_req_cpu is None:
-        return [[t] for t in flat]
-    out, start = [], 0
-    for n in result.accept_length_per_req_cpu:
-        out.append(flat[start : start + n + 1])
-        start += n + 1
-    return out
-
-
-def _zip_top(vals: list, idxs: list) -> list:
-    return [None if v is None else [(lp, t, None) for lp, t in zip(v, i)] for v, i in zip(vals, idxs)]
