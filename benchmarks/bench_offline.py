@@ -61,7 +61,7 @@ def run_minisgl(path, workload, dtype, max_total_tokens):
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
     overhead = _instrument_decode_overhead(engine)
     start = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
     elapsed = time.perf_counter() - start
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert tokens == sum(n for _, n in workload)

@@ -59,12 +59,12 @@ def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: in
     from minisgl.entrypoints.engine import Engine
 
     engine = Engine(model_path=model_path, **engine_kwargs)
-    engine.generate(prompts[0], {"max_new_tokens": 2}, show_progress=False)  # warm up
+    engine.generate(prompts[0], {"max_new_tokens": 2})  # warm up
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     outputs = []
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        outputs += engine.generate(prompts[i : i + batch_size], params, show_progress=False)
+        outputs += engine.generate(prompts[i : i + batch_size], params)
     seconds = time.perf_counter() - start
     engine.shutdown()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)

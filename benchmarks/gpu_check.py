@@ -228,10 +228,10 @@ def check_cuda_graphs(model_path: str = "SmolLM2-135M-Instruct") -> None:
         engine = Engine(model_path=model_path, attention_backend="triton", disable_cuda_graph=disable, max_total_tokens=1 << 15)
         runner = engine.scheduler.tp_worker.model_runner
         assert (runner.graph_runner is None) == disable
-        engine.generate(input_ids=prompts[:2], sampling_params=params, show_progress=False)  # warm-up
+        engine.generate(input_ids=prompts[:2], sampling_params=params)  # warm-up
         torch.cuda.synchronize()
         start = time.perf_counter()
-        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True, show_progress=False)
+        outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)

@@ -63,9 +63,9 @@ def main() -> None:
 
     prompts = [p for p, _ in make_workload(args.batch, args.prompt_len, args.prompt_len, 1, 1, 49152, seed=1)]
     params = {"temperature": 0, "max_new_tokens": args.decode_steps + 1, "ignore_eos": True}
-    engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)  # warm-up: oneDNN primitives
+    engine.generate(input_ids=prompts, sampling_params=params)  # warm-up: oneDNN primitives
     runner.forward = profiled_forward
-    engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    engine.generate(input_ids=prompts, sampling_params=params)
     engine.shutdown()
 
     for phase, runs in phases.items():

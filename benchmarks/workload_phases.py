@@ -55,7 +55,7 @@ def main() -> None:
 
     runner.forward = timed_forward
     start = time.perf_counter()
-    outs = engine.generate(input_ids=[p for p, _ in workload], show_progress=False,
+    outs = engine.generate(input_ids=[p for p, _ in workload],
                            sampling_params=[{"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
                                             for _, n in workload])
     total = time.perf_counter() - start

@@ -17,3 +17,13 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ``minisgl.Engine`` as ``sgl.Engine``, imported on first use so that ``import minisgl``
+    # stays cheap for code that needs only a submodule.
+    if name == "Engine":
+        from minisgl.entrypoints.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'minisgl' has no attribute {name!r}")

@@ -35,7 +35,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         host=args.host,
         port=args.port,
         api_key=args.api_key,
-        served_model_name=args.served_model_name,
+        # The name the user gave (the default model's alias, say), not the folder it resolved to.
+        served_model_name=args.served_model_name or args.model_path,
     )
 
 

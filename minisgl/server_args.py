@@ -26,7 +26,6 @@ class ServerArgs:
     revision: Optional[str] = None
     context_length: Optional[int] = None
     dtype: str = "auto"
-    trust_remote_code: bool = False
 
     # Device and memory
     device: Optional[str] = None
@@ -73,11 +72,21 @@ class ServerArgs:
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
+        self._handle_model_paths()
         self._handle_device()
         self._handle_attention_backend()
         self._handle_memory()
         self._handle_speculative_decoding()
         self._check()
+
+    def _handle_model_paths(self) -> None:
+        # Resolved here, before any ModelConfig: the default alias and .gguf files become an HF
+        # folder (converted once, then cached), so ModelConfig only ever reads config.json.
+        from minisgl.model_loader.gguf import resolve_model_path
+
+        self.model_path = resolve_model_path(self.model_path)
+        if self.speculative_draft_model_path is not None:
+            self.speculative_draft_model_path = resolve_model_path(self.speculative_draft_model_path)
 
     def _handle_device(self) -> None:
         if self.device is None:
@@ -87,13 +96,14 @@ class ServerArgs:
         # The backend is a personality fixed here and in ModelRunner.init_attention_backend,
         # never re-decided during forward (claim C11).
         if self.attention_backend is None:
-            # SGLang's _handle_cpu_backends picks intel_amx on CPU; minisgl does where its C++ kernels built.
+            # SGLang's _handle_cpu_backends picks intel_amx on CPU; minisgl does where its C++ kernels
+            # can be built (they are built, once, when the model runner first needs them).
             if self.device.startswith("cuda"):
                 self.attention_backend = "triton"
             else:
-                from minisgl.kernels.cpu import is_available
+                from minisgl.kernels.cpu import can_build
 
-                self.attention_backend = "intel_amx" if is_available() else "torch_native"
+                self.attention_backend = "intel_amx" if can_build() else "torch_native"
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention_backend {self.attention_backend!r}; choose one of {ATTENTION_BACKENDS}"

@@ -30,28 +30,32 @@ def test_bad_sampling_params(engine, params, match):
 
 
 def test_empty_prompt(engine):
-    out = engine.generate(input_ids=[], sampling_params={"max_new_tokens": 2})
-    assert out["meta_info"]["finish_reason"] == {"type": "abort", "message": "the prompt is empty"}
-    out = engine.generate("", {"max_new_tokens": 2})
-    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.generate(input_ids=[], sampling_params={"max_new_tokens": 2})
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        engine.generate("", {"max_new_tokens": 2})
 
 
 def test_prompt_longer_than_context(engine):
-    outs = engine.generate(input_ids=[[1] * 300, [1, 2]], sampling_params={"max_new_tokens": 2}, show_progress=False)
-    assert outs[0]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert "context length 256" in outs[0]["meta_info"]["finish_reason"]["message"]
-    assert outs[1]["meta_info"]["completion_tokens"] == 2  # its neighbour is unaffected
+    # One bad prompt refuses the whole batch, before anything runs (as the server's 400 does).
+    with pytest.raises(ValueError, match="context length"):
+        engine.generate(input_ids=[[1] * 300, [1, 2]], sampling_params={"max_new_tokens": 2})
+    assert engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
 
 
 def test_out_of_vocab_ids(engine):
-    out = engine.generate(input_ids=[1, 10**7], sampling_params={"max_new_tokens": 2})
-    assert "input ids" in out["meta_info"]["finish_reason"]["message"]
+    with pytest.raises(ValueError, match="input_ids must be token ids"):
+        engine.generate(input_ids=[1, 10**7], sampling_params={"max_new_tokens": 2})
 
 
 def test_generation_stops_at_context_length(engine):
-    out = engine.generate(input_ids=[1] * 250, sampling_params={"max_new_tokens": 100, "ignore_eos": True})
+    # max_new_tokens None means "up to the context length" (SGLang's rule); an explicit
+    # count that does not fit is refused.
+    out = engine.generate(input_ids=[1] * 250, sampling_params={"max_new_tokens": None, "ignore_eos": True})
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     assert out["meta_info"]["completion_tokens"] == 6
+    with pytest.raises(ValueError, match="maximum context length"):
+        engine.generate(input_ids=[1] * 250, sampling_params={"max_new_tokens": 100})
 
 
 def test_missing_model_path(tmp_path):
@@ -65,7 +69,7 @@ def test_unknown_engine_argument(tiny_llama):
 
 
 def test_side_output_not_enabled(engine):
-    with pytest.raises(ValueError, match="enable_return_hidden_states"):
+    with pytest.raises(ValueError, match="enable-return-hidden-states"):
         engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, return_hidden_states=True)
-    with pytest.raises(ValueError, match="enable_return_routed_experts"):
+    with pytest.raises(ValueError, match="enable-return-routed-experts"):
         engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}, return_routed_experts=True)

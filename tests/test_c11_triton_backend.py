@@ -21,10 +21,10 @@ def test_triton_matches_torch_native(arch, page_size):
     native = Engine(model_path=path, max_total_tokens=256, page_size=page_size, attention_backend="torch_native")
     triton = Engine(model_path=path, max_total_tokens=256, page_size=page_size, attention_backend="triton")
     assert isinstance(triton.scheduler.tp_worker.model_runner.attn_backend, TritonAttnBackend)
-    expected = native.generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
-    got = triton.generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+    expected = native.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    got = triton.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
-    assert triton.scheduler.flush_cache() and triton.scheduler.token_to_kv_pool_allocator.available_size() == 256
+    assert triton.flush_cache() and triton.scheduler.token_to_kv_pool_allocator.available_size() == 256
 
 
 def test_golden_trace_matches():

@@ -52,11 +52,11 @@ def _ids(results: list[dict]) -> list[list[int]]:
 def test_c12_greedy_is_token_for_token_the_target(arch, drafts):
     target = tiny_model_dir(arch)
     expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     )
     # A poor draft (mostly rejected), a perfect one (always accepted), one step and several.
     for draft, steps in ((drafts[arch], 3), (target, 3), (drafts[arch], 1)):
-        results = _spec(target, draft, steps).generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+        results = _spec(target, draft, steps).generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert _ids(results) == expected, (draft, steps)
         meta = results[0]["meta_info"]
         assert meta["spec_draft_token_num"] == meta["spec_verify_ct"] * steps
@@ -69,10 +69,10 @@ def test_c12_a_foreign_draft_only_costs_speed(drafts):
     # Any model with the target's vocabulary may draft; the output is still the target's.
     target = tiny_model_dir("llama")
     expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     )
     got = _spec(target, tiny_model_dir("qwen3"), 4).generate(
-        input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False
+        input_ids=PROMPTS, sampling_params=GREEDY
     )
     assert _ids(got) == expected
 
@@ -82,13 +82,13 @@ def test_c12_stops_inside_an_accepted_run():
     target = tiny_model_dir("llama")
     plain = Engine(model_path=target, disable_radix_cache=True, **KW)
     spec = _spec(target, target, 3, disable_radix_cache=True)
-    first = plain.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, show_progress=False)["output_ids"]
+    first = plain.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]
     for params in (
         {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
         {"temperature": 0, "max_new_tokens": 20, "stop_token_ids": [first[6]]},
     ):
-        expected = plain.generate(input_ids=PROMPTS, sampling_params=params, show_progress=False)
-        got = spec.generate(input_ids=PROMPTS, sampling_params=params, show_progress=False)
+        expected = plain.generate(input_ids=PROMPTS, sampling_params=params)
+        got = spec.generate(input_ids=PROMPTS, sampling_params=params)
         assert _ids(got) == _ids(expected)
         assert [g["meta_info"]["finish_reason"] for g in got] == [e["meta_info"]["finish_reason"] for e in expected]
         # Without a radix cache nothing outlives a request: the pool is whole again.
@@ -102,7 +102,7 @@ def test_c12_kv_pool_is_free_after_every_request(drafts):
     scheduler = spec.scheduler
     allocator, cache = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache
     for prompt in PROMPTS:
-        spec.generate(input_ids=prompt, sampling_params=GREEDY, show_progress=False)
+        spec.generate(input_ids=prompt, sampling_params=GREEDY)
         # Every slot is free or held by the radix cache (the finished request's KV, both models').
         assert allocator.available_size() + cache.total_size() == 512
     assert scheduler.flush_cache() and allocator.available_size() == 512
@@ -114,10 +114,10 @@ def test_c12_retraction_under_speculation(drafts):
     prompts = [list(range(5 + i, 25 + i)) for i in range(6)]
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=prompts, sampling_params=params, show_progress=False)
+        Engine(model_path=target, **KW).generate(input_ids=prompts, sampling_params=params)
     )
     spec = _spec(target, drafts["llama"], 3, max_total_tokens=160, disable_radix_cache=True)
-    assert _ids(spec.generate(input_ids=prompts, sampling_params=params, show_progress=False)) == expected
+    assert _ids(spec.generate(input_ids=prompts, sampling_params=params)) == expected
     assert spec.scheduler.num_retracted_reqs > 0
     assert spec.scheduler.token_to_kv_pool_allocator.available_size() == 160
 
@@ -163,9 +163,9 @@ def test_c12_draft_is_built_after_the_target_and_each_round_drafts_then_verifies
 def test_c12_refuses_what_it_cannot_do_exactly(drafts):
     target = tiny_model_dir("llama")
     spec = _spec(target, drafts["llama"])
-    out = spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True, show_progress=False)
+    out = spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
     assert "logprobs" in out["meta_info"]["finish_reason"]["message"]
-    out = spec.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "frequency_penalty": 0.5}, show_progress=False)
+    out = spec.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "frequency_penalty": 0.5})
     assert "penalties" in out["meta_info"]["finish_reason"]["message"]
     with pytest.raises(ValueError, match="page_size 1"):
         ServerArgs(
@@ -185,12 +185,12 @@ def test_c12_tensor_parallel_speculation(drafts):
     # Both workers shard over the same TP group; every rank drafts and verifies alike.
     target = tiny_model_dir("qwen3")
     expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     )
     with _spec(target, drafts["qwen3"], 3, tp_size=2) as engine:
-        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
-        assert engine.scheduler.flush_cache()
-        assert engine.scheduler.get_cache_stats()["available_kv_tokens"] == 512
+        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert engine.flush_cache()
+        assert engine.get_server_info()["available_kv_tokens"] == 512
     assert _ids(got) == expected
 
 
@@ -258,8 +258,8 @@ def test_c12_sampling_follows_the_target_distribution(tmp_path):
     spec = _spec(target, draft, 2, max_total_tokens=8192, max_running_requests=512, disable_radix_cache=True)
     sampled = {"temperature": TEMPERATURE, "top_k": TOP_K, "max_new_tokens": NUM_TOKENS, "ignore_eos": True}
     params = [{**sampled, "seed": s} for s in range(NUM_SAMPLES)] + [GREEDY] * 2
-    results = spec.generate(input_ids=[prompt] * (NUM_SAMPLES + 2), sampling_params=params, show_progress=False)
-    greedy = Engine(model_path=target, **KW).generate(input_ids=prompt, sampling_params=GREEDY, show_progress=False)
+    results = spec.generate(input_ids=[prompt] * (NUM_SAMPLES + 2), sampling_params=params)
+    greedy = Engine(model_path=target, **KW).generate(input_ids=prompt, sampling_params=GREEDY)
     assert _ids(results[NUM_SAMPLES:]) == [greedy["output_ids"]] * 2
     results = results[:NUM_SAMPLES]
     accepted = sum(r["meta_info"]["spec_accept_token_num"] for r in results)
@@ -294,8 +294,8 @@ def test_c12_smollm2_with_a_truncated_draft(smollm2, tmp_path):
         for q in ("What is the capital of France?", "Name three colors.")
     ]
     params = {"temperature": 0, "max_new_tokens": 24}
-    expected = plain.generate(prompts, params, show_progress=False)
-    got = _spec(smollm2, draft, 3).generate(prompts, params, show_progress=False)
+    expected = plain.generate(prompts, params)
+    got = _spec(smollm2, draft, 3).generate(prompts, params)
     assert _ids(got) == _ids(expected)
     assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in got)
     assert sum(g["meta_info"]["spec_accept_token_num"] for g in got) > 0

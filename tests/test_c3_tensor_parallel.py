@@ -24,7 +24,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 def _tp1(path: str, **kwargs) -> list[dict]:
     return Engine(model_path=path, **KW, **kwargs).generate(
-        input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True, show_progress=False
+        input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True
     )
 
 
@@ -33,10 +33,10 @@ def test_c3_tp2_gives_tp1_greedy_tokens(arch):
     path = tiny_model_dir(arch)
     expected = _tp1(path)
     with Engine(model_path=path, tp_size=2, **KW) as engine:
-        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True, show_progress=False)
+        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
         # Control requests reach every rank too; a flushed cache leaves the whole pool free.
-        assert engine.scheduler.flush_cache()
-        stats = engine.scheduler.get_cache_stats()
+        assert engine.flush_cache()
+        stats = engine.get_server_info()
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     for g, e in zip(got, expected):
         ours = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
@@ -54,9 +54,9 @@ def test_c3_tp2_samples_like_tp1_with_the_same_seed(tiny_llama):
         {"temperature": 1.2, "top_k": 20, "max_new_tokens": 12},
     ]
     kw = dict(model_path=tiny_llama, random_seed=7, **KW)
-    expected = Engine(**kw).generate(input_ids=PROMPTS, sampling_params=params, show_progress=False)
+    expected = Engine(**kw).generate(input_ids=PROMPTS, sampling_params=params)
     with Engine(tp_size=2, **kw) as engine:
-        got = engine.generate(input_ids=PROMPTS, sampling_params=params, show_progress=False)
+        got = engine.generate(input_ids=PROMPTS, sampling_params=params)
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
 
 
@@ -142,7 +142,7 @@ def test_c3_kv_heads_replicated_at_tp4(tiny_llama):
     # 2 KV heads over 4 ranks: each rank keeps one KV head, held by two ranks.
     expected = _tp1(tiny_llama)
     with Engine(model_path=tiny_llama, tp_size=4, **KW) as engine:
-        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, show_progress=False)
+        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
 
 
@@ -157,7 +157,52 @@ def test_c3_smollm2_tp3_gives_tp1_greedy_tokens(smollm2):
         for q in ("What is the capital of France?", "Name three colors.")
     ]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
-    expected = plain.generate(prompts, params, show_progress=False)
+    expected = plain.generate(prompts, params)
     with Engine(model_path=smollm2, tp_size=3, **KW) as engine:
-        got = engine.generate(prompts, params, show_progress=False)
+        got = engine.generate(prompts, params)
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+
+
+def test_c3_server_with_tp2_answers_the_openai_client_as_tp1(tiny_llama, tmp_path):
+    """``launch_server --tp-size 2``: rank 0 answers HTTP, the other rank follows its broadcasts;
+    greedy completions through the real openai client equal the TP=1 Engine's."""
+    import socket
+    import time
+
+    import httpx
+    import openai
+
+    with Engine(model_path=tiny_llama, **KW) as engine:
+        expected = [engine.generate(p, GREEDY)["text"] for p in ("The river", "A serving engine")]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "minisgl.launch_server", "--model-path", tiny_llama, "--port", str(port),
+           "--tp-size", "2", "--max-total-tokens", "256", "--max-running-requests", "8",
+           "--attention-backend", "torch_native", "--served-model-name", "tiny"]  # fmt: skip
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        got = [
+            client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+            .choices[0]
+            .text
+            for p in ("The river", "A serving engine")
+        ]
+        assert got == expected
+        assert httpx.get(f"http://127.0.0.1:{port}/get_server_info").json()["tp_size"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -48,7 +48,7 @@ def test_output_logprobs_match_hf(llama_engine, temperature):
     params = {"temperature": temperature, "max_new_tokens": 5, "ignore_eos": True, "seed": 3}
     outs = llama_engine.generate(
         input_ids=PROMPTS, sampling_params=params, return_logprob=True, top_logprobs_num=3,
-        token_ids_logprob=[[4, 9]] * len(PROMPTS), show_progress=False,
+        token_ids_logprob=[[4, 9]] * len(PROMPTS),
     )  # fmt: skip
     hf = _hf("llama")
     for ids, out in zip(PROMPTS, outs):
@@ -73,7 +73,7 @@ def test_output_logprobs_match_hf(llama_engine, temperature):
 def test_prompt_logprobs_match_hf(llama_engine):
     outs = llama_engine.generate(
         input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 1},
-        return_logprob=True, logprob_start_len=0, top_logprobs_num=2, show_progress=False,
+        return_logprob=True, logprob_start_len=0, top_logprobs_num=2,
     )  # fmt: skip
     hf = _hf("llama")
     for ids, out in zip(PROMPTS, outs):
@@ -90,7 +90,7 @@ def test_prompt_logprobs_match_hf(llama_engine):
 def test_hidden_states_match_hf(llama_engine):
     outs = llama_engine.generate(
         input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True},
-        return_hidden_states=True, show_progress=False,
+        return_hidden_states=True,
     )  # fmt: skip
     hf = _hf("llama")
     for ids, out in zip(PROMPTS, outs):
@@ -106,7 +106,7 @@ def test_routed_experts_and_recorder_match_hf(moe_engine):
     moe_engine.start_expert_distribution_record()
     outs = moe_engine.generate(
         input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True},
-        return_routed_experts=True, show_progress=False,
+        return_routed_experts=True,
     )  # fmt: skip
     moe_engine.stop_expert_distribution_record()
     dump = moe_engine.dump_expert_distribution_record()
@@ -156,7 +156,7 @@ def test_recorder_modes_agree_with_stat(mode, tmp_path):
     for m in ("stat", mode):
         engine = Engine(model_path=path, max_total_tokens=512, expert_distribution_recorder_mode=m)
         engine.start_expert_distribution_record()
-        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}, show_progress=False)
+        engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
         engine.stop_expert_distribution_record()
         dump = engine.dump_expert_distribution_record(str(tmp_path / f"{m}.pt"))
         assert torch.load(tmp_path / f"{m}.pt")["mode"] == m  # the documented file format

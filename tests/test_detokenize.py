@@ -12,7 +12,7 @@ import random
 import pytest
 
 from minisgl.hf_transformers_utils import get_tokenizer
-from minisgl.managers.tokenizer_manager import DecodeStatus
+from minisgl.managers.detokenizer_manager import DecodeStatus
 
 TEXT = "Hello 世界! An emoji 😀, café, naïve — the end. 你好吗?"
 LENGTH = {"type": "length", "length": 0}

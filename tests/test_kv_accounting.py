@@ -24,7 +24,7 @@ def _assert_pool_full(engine: Engine) -> None:
 def test_pool_is_full_after_a_batch(tiny_llama, page_size):
     engine = Engine(model_path=tiny_llama, max_total_tokens=1024, page_size=page_size)
     prompts = [list(range(1, 2 + i * 3)) for i in range(10)]
-    outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 7}, show_progress=False)
+    outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 7})
     assert all(o["meta_info"]["completion_tokens"] == 7 for o in outs)
     _assert_pool_full(engine)
 
@@ -39,7 +39,7 @@ def test_retraction_keeps_outputs_and_frees_everything(tiny_llama, page_size):
     # Admission reserves room for 70% of max_new_tokens, so two requests start, and two
     # times 42 tokens do not fit in 64 slots: decode must retract one and re-prefill it later.
     small = Engine(model_path=tiny_llama, max_total_tokens=64, page_size=page_size)
-    outs = small.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    outs = small.generate(input_ids=prompts, sampling_params=params)
     assert small.scheduler.num_retracted_reqs > 0
     assert [o["output_ids"] for o in outs] == expected
     _assert_pool_full(small)

@@ -67,7 +67,7 @@ def _check_parity(path: str, prompts: list[str], max_new_tokens: int, **engine_k
     outs = engine.generate(
         input_ids=prompt_ids,
         sampling_params={"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-        show_progress=False,
+        
     )
     # All prompts were admitted in one extend batch: its rows are the prompts' last positions.
     assert len(captured[0]) == len(prompts)
@@ -78,7 +78,7 @@ def _check_parity(path: str, prompts: list[str], max_new_tokens: int, **engine_k
         torch.testing.assert_close(captured[0][i], hf_logits, atol=1e-4, rtol=1e-4)
         hf_ids = hf_greedy(hf, ids, max_new_tokens)
         assert outs[i]["output_ids"] == hf_ids, f"prompt {i}: greedy tokens differ from HF"
-    assert engine.scheduler.flush_cache()
+    assert engine.flush_cache()
     allocator = engine.scheduler.token_to_kv_pool_allocator
     assert allocator.available_size() == engine.scheduler.worker_info.max_total_num_tokens
 
@@ -94,4 +94,10 @@ def test_parity_tiny_paged(page_size):
 
 
 def test_parity_smollm2(smollm2):
+    """The real checkpoint, kept short for the default suite (HF's own generate dominates)."""
+    _check_parity(smollm2, PROMPTS[:3], max_new_tokens=8)
+
+
+@pytest.mark.slow
+def test_parity_smollm2_long(smollm2):
     _check_parity(smollm2, PROMPTS[:8], max_new_tokens=32)

@@ -59,13 +59,13 @@ def test_shared_prefix_is_computed_once_and_outputs_match(tiny_llama):
     cached = Engine(model_path=tiny_llama, max_total_tokens=4096)
     uncached = Engine(model_path=tiny_llama, max_total_tokens=4096, disable_radix_cache=True)
     with tracing.record() as events:
-        got = cached.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
-    want = uncached.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
+        got = cached.generate(input_ids=prompts, sampling_params=GREEDY)
+    want = uncached.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     cached_tokens = [o["meta_info"]["cached_tokens"] for o in got]
     assert cached_tokens[0] == 0 and all(c >= 200 for c in cached_tokens[1:])
     # The prefix ran once: the first prefill had 202 tokens, every later one only what was new.
-    stats = cached.scheduler.get_cache_stats()
+    stats = cached.get_server_info()
     assert stats["hit_rate"] > 0.85
     computed = sum(len(p) - c for p, c in zip(prompts, cached_tokens))
     assert computed == 202 + 7 * 2
@@ -97,13 +97,13 @@ def test_chunked_prefill_matches_whole_prefill(tiny_llama, page_size):
     prompts = [list(range(3, 3 + n)) for n in (70, 5, 33)]
     whole = Engine(model_path=tiny_llama, max_total_tokens=2048, page_size=page_size, disable_radix_cache=True)
     chunked = Engine(model_path=tiny_llama, max_total_tokens=2048, page_size=page_size, chunked_prefill_size=16)
-    want = whole.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
+    want = whole.generate(input_ids=prompts, sampling_params=GREEDY)
     with tracing.record() as events:
-        got = chunked.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
+        got = chunked.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     extend_tokens = _extend_lens(events)
     assert len(extend_tokens) >= 70 // 16  # the long prompt took several rounds
-    assert chunked.scheduler.flush_cache()
+    assert chunked.flush_cache()
     assert chunked.scheduler.token_to_kv_pool_allocator.available_size() == 2048
 
 
@@ -114,8 +114,8 @@ def test_lpm_policy_same_outputs(tiny_llama):
     lpm = Engine(model_path=tiny_llama, max_total_tokens=2048, schedule_policy="lpm")
     fcfs.generate(input_ids=prefix + [9], sampling_params=GREEDY)
     lpm.generate(input_ids=prefix + [9], sampling_params=GREEDY)
-    a = fcfs.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
-    b = lpm.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
+    a = fcfs.generate(input_ids=prompts, sampling_params=GREEDY)
+    b = lpm.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
     with pytest.raises(ValueError, match="schedule_policy"):
         Engine(model_path=tiny_llama, schedule_policy="random")
@@ -125,8 +125,8 @@ def test_eviction_under_pressure_keeps_results(tiny_llama):
     prompts = [[i % 7 + 1] * 3 + list(range(10 * i, 10 * i + 30)) for i in range(12)]
     small = Engine(model_path=tiny_llama, max_total_tokens=128)
     big = Engine(model_path=tiny_llama, max_total_tokens=4096, disable_radix_cache=True)
-    got = small.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
-    want = big.generate(input_ids=prompts, sampling_params=GREEDY, show_progress=False)
+    got = small.generate(input_ids=prompts, sampling_params=GREEDY)
+    want = big.generate(input_ids=prompts, sampling_params=GREEDY)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     cache = small.scheduler.tree_cache
     assert small.scheduler.token_to_kv_pool_allocator.available_size() + cache.total_size() == 128

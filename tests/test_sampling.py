@@ -16,7 +16,7 @@ def engine():
 
 
 def _gen(engine, prompts=None, **params):
-    return engine.generate(input_ids=prompts or PROMPT, sampling_params=params, show_progress=False)
+    return engine.generate(input_ids=prompts or PROMPT, sampling_params=params)
 
 
 def test_stop_token_ids_and_ignore_eos(engine):
@@ -44,7 +44,7 @@ def test_seed_is_reproducible_and_batch_invariant(engine):
     batched = engine.generate(
         input_ids=[[1, 2, 3], PROMPT, [4] * 9],
         sampling_params=[{**params, "seed": 1}, params, {**params, "seed": 2}],
-        show_progress=False,
+        
     )[1]["output_ids"]
     assert alone == again == batched
     other = _gen(engine, **{**params, "seed": 99})["output_ids"]
@@ -63,7 +63,7 @@ def test_first_token_distribution_matches_softmax(engine):
     temperature, n = 0.8, 400
     prompts = [PROMPT] * n
     params = [{"temperature": temperature, "max_new_tokens": 1, "seed": s} for s in range(n)]
-    outs = engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
     counts = torch.bincount(torch.tensor([o["output_ids"][0] for o in outs]), minlength=512).float()
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"), dtype=torch.float32)
     with torch.no_grad():
@@ -80,7 +80,7 @@ def test_first_token_distribution_matches_softmax(engine):
 def test_top_k_limits_support(engine):
     prompts = [PROMPT] * 60
     params = [{"temperature": 5.0, "top_k": 3, "max_new_tokens": 1, "seed": s} for s in range(60)]
-    firsts = {o["output_ids"][0] for o in engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)}
+    firsts = {o["output_ids"][0] for o in engine.generate(input_ids=prompts, sampling_params=params)}
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"), dtype=torch.float32)
     with torch.no_grad():
         allowed = set(hf(torch.tensor([PROMPT])).logits[0, -1].topk(3).indices.tolist())

@@ -6,7 +6,9 @@ import asyncio
 import pytest
 
 from minisgl.managers.scheduler import Scheduler
-from minisgl.managers.tokenizer_manager import MAX_N, GenerateReqInput, TokenizerManager
+from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.request_validator import MAX_N
+from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
 
 MAX_TOTAL_TOKENS = 2048
@@ -15,7 +17,7 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def tm(tiny_llama):
-    manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS))
+    manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS), threaded=True)
     yield manager
     manager.shutdown()
 
@@ -72,7 +74,7 @@ def test_batch_and_n_expand_into_indexed_requests(tm):
         (dict(text=""), "empty"),
         (dict(text="hi", input_ids=[1]), "exactly one"),
         (dict(input_ids=[5] * 1100), "context length"),
-        (dict(input_ids=[1, 100000]), "input ids"),
+        (dict(input_ids=[1, 100000]), "input_ids must be token ids"),
         (dict(text="hi", sampling_params={"n": MAX_N + 1}), "n must be"),
         (dict(text="hi", sampling_params={"temperature": -1}), "temperature"),
         (dict(text="hi", sampling_params={"top_p": "high"}), "sampling_params"),
@@ -117,7 +119,7 @@ def test_stop_string_the_scheduler_misses_still_ends_the_request(tm, monkeypatch
 
 
 def test_shutdown_stops_the_thread_and_fails_waiting_requests(tiny_llama):
-    manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS))
+    manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS), threaded=True)
 
     async def run():
         chunks = manager.generate_request(

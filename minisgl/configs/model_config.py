@@ -15,7 +15,6 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from minisgl import tracing
-from minisgl.model_loader.gguf import resolve_model_path
 
 if TYPE_CHECKING:
     from minisgl.server_args import ServerArgs
@@ -41,7 +40,7 @@ class ModelConfig:
         device: str = "cpu",
         is_draft_model: bool = False,
     ) -> None:
-        self.model_path = resolve_model_path(model_path)
+        self.model_path = model_path  # an HF folder: ServerArgs has resolved aliases and GGUF files
         self.revision = revision
         self.is_draft_model = is_draft_model
         self.hf_config: PretrainedConfig = AutoConfig.from_pretrained(self.model_path, revision=revision)

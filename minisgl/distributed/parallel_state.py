@@ -37,9 +37,6 @@ class GroupCoordinator:
         self.cpu_group = self.device_group if backend == "gloo" else dist.new_group(ranks, backend="gloo")
 
     @property
-    def first_rank(self) -> int:
-        return self.ranks[0]
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return x
@@ -115,14 +112,6 @@ def initialize_model_parallel(tensor_model_parallel_size: int) -> None:
             f"minisgl's TP group is the whole world: tp_size {tensor_model_parallel_size} != world {_WORLD.world_size}"
         )
     _TP = GroupCoordinator(list(range(tensor_model_parallel_size)), dist.get_backend())
-
-
-def model_parallel_is_initialized() -> bool:
-    return _TP is not None
-
-
-def get_world_group() -> Optional[GroupCoordinator]:
-    return _WORLD
 
 
 def get_tp_group() -> Optional[GroupCoordinator]:

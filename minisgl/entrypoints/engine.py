@@ -1,154 +1,157 @@
 """Engine: the offline entry point, ``Engine(model_path=...).generate(...)``.
 
 Mirrors python/sglang/srt/entrypoints/engine.py (Engine.__init__, generate,
-shutdown, the expert-distribution methods). SGLang's Engine launches a
-tokenizer manager, scheduler processes and a detokenizer connected by ZMQ;
-minisgl's Engine owns one in-process Scheduler and drives its loop until the
-requests it was given are done. With tp_size > 1 it starts one scheduler
-process per rank instead and drives them, through rank 0, the same way
-(SchedulerClient); on a node other than node 0 it only runs that node's ranks.
+async_generate, flush_cache, get_server_info, the expert-distribution methods,
+shutdown). As in SGLang, the Engine is a thin wrapper: ``generate`` builds a
+GenerateReqInput and drains ``TokenizerManager.generate_request``, the same
+coroutine the HTTP server awaits, so the two front ends cannot disagree. SGLang
+runs that coroutine on an asyncio loop; minisgl's Engine steps the scheduler
+inline (see tokenizer_manager.py), so the coroutine never waits on anything
+outside its own thread and ``run_inline`` can drive it without a loop, which
+also works inside a notebook whose loop is already running. On a node other
+than node 0 the Engine only runs that node's tensor-parallel ranks.
 """
 
 from __future__ import annotations
 
-import itertools
-import uuid
-from typing import Any, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Union
 
-from tqdm import tqdm
-
-from minisgl.managers.io_struct import TokenizedGenerateReqInput
-from minisgl.managers.scheduler import Scheduler
-from minisgl.managers.scheduler_client import SchedulerClient, run_nonzero_rank_node
-from minisgl.sampling.sampling_params import SamplingParams
+from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
 
 
 class Engine:
+    """The offline engine (SGLang's Engine); see the module docstring."""
+
     def __init__(self, **kwargs: Any) -> None:
         try:
-            self.server_args = ServerArgs(**kwargs)
+            server_args = ServerArgs(**kwargs)
         except TypeError as e:
             raise ValueError(f"unknown engine argument: {e}") from None
-        if self.server_args.node_rank >= 1:
+        self.tokenizer_manager: Optional[TokenizerManager] = None
+        if server_args.node_rank >= 1:
+            from minisgl.managers.scheduler_client import run_nonzero_rank_node
+
             # As SGLang's Engine on a non-zero node: run this node's ranks until node 0 shuts down.
-            run_nonzero_rank_node(self.server_args)
-            self.scheduler = None
+            self.server_args = server_args
+            run_nonzero_rank_node(server_args)
             return
-        if self.server_args.tp_size == 1:
-            self.scheduler = Scheduler(self.server_args)
-        else:
-            self.scheduler = SchedulerClient(self.server_args)
-            self.server_args = self.scheduler.server_args  # now with the dist_init_addr it chose
-        self.tokenizer = self.scheduler.tokenizer
-        self.vocab_size = self.scheduler.worker_info.vocab_size
-        self._counter = itertools.count()
+        self.tokenizer_manager = TokenizerManager(server_args)
+        self.server_args = self.tokenizer_manager.server_args
+
+    @property
+    def scheduler(self):
+        """The scheduler handle (the Scheduler itself with one rank), for readers who step it."""
+        return self.tokenizer_manager.scheduler
+
+    @property
+    def tokenizer(self):
+        return self.tokenizer_manager.tokenizer
 
     def generate(
         self,
         prompt: Optional[Union[str, list[str]]] = None,
         sampling_params: Optional[Union[dict, list[dict]]] = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
-        return_logprob: Union[bool, list[bool]] = False,
+        return_logprob: Optional[Union[bool, list[bool]]] = False,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
         token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None,
-        return_hidden_states: bool = False,
-        return_routed_experts: bool = False,
-        show_progress: bool = True,
-    ) -> Union[dict, list[dict]]:
-        """One prompt (or one id list) gives one dict; a list gives a list, in order."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt and input_ids")
-        single = isinstance(prompt, str) or (input_ids is not None and (not input_ids or isinstance(input_ids[0], int)))
-        if single:
-            prompts, id_lists = ([prompt], None) if prompt is not None else (None, [input_ids])
-        else:
-            prompts, id_lists = (list(prompt), None) if prompt is not None else (None, list(input_ids))
-        n = len(prompts if prompts is not None else id_lists)
+        return_hidden_states: Union[bool, list[bool]] = False,
+        return_routed_experts: Union[bool, list[bool]] = False,
+        stream: bool = False,
+        rid: Optional[Union[str, list[str]]] = None,
+    ) -> Union[dict, list[dict], Iterator[dict]]:
+        """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
+        iterator of chunks whose ``text`` and ``output_ids`` are the new part (a batch's chunks
+        carry ``index``). Bad input raises ValueError before anything runs."""
+        obj = GenerateReqInput(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            token_ids_logprob=token_ids_logprob,
+            stream=stream,
+            return_hidden_states=return_hidden_states,
+            return_routed_experts=return_routed_experts,
+        )
+        chunks = self.tokenizer_manager.generate_request(obj)
+        if stream:
+            return _iterate_inline(chunks)
+        return run_inline(anext(chunks))
 
-        def per_req(value, i):
-            return value[i] if isinstance(value, list) else value
+    async def async_generate(
+        self,
+        prompt: Optional[Union[str, list[str]]] = None,
+        sampling_params: Optional[Union[dict, list[dict]]] = None,
+        input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> Union[dict, list[dict], AsyncIterator[dict]]:
+        """generate, as a coroutine: concurrent calls share the scheduler's batches."""
+        obj = GenerateReqInput(
+            text=prompt, input_ids=input_ids, sampling_params=sampling_params, stream=stream, **kwargs
+        )
+        chunks = self.tokenizer_manager.generate_request(obj)
+        if stream:
+            return chunks
+        return await anext(chunks)
 
-        # Refuse what the engine was not started for, before anything is queued (SGLang does the same).
-        if return_hidden_states and not self.server_args.enable_return_hidden_states:
-            raise ValueError("return_hidden_states needs the engine started with enable_return_hidden_states=True")
-        if return_routed_experts and not self.server_args.enable_return_routed_experts:
-            raise ValueError("return_routed_experts needs the engine started with enable_return_routed_experts=True")
+    def flush_cache(self) -> bool:
+        return run_inline(self.tokenizer_manager.flush_cache())
 
-        reqs = []
-        for i in range(n):
-            params = SamplingParams.from_dict(sampling_params[i] if isinstance(sampling_params, list) else sampling_params)
-            params.verify(self.vocab_size)
-            text = prompts[i] if prompts is not None else None
-            ids = self.tokenizer.encode(text) if text is not None else list(id_lists[i])
-            start = per_req(logprob_start_len, i)
-            ids_logprob = token_ids_logprob
-            if not single and token_ids_logprob and isinstance(token_ids_logprob[0], list):
-                ids_logprob = token_ids_logprob[i]
-            reqs.append(
-                TokenizedGenerateReqInput(
-                    rid=f"{next(self._counter)}-{uuid.uuid4().hex[:8]}",
-                    input_text=text,
-                    input_ids=ids,
-                    sampling_params=params,
-                    return_logprob=bool(per_req(return_logprob, i)),
-                    logprob_start_len=-1 if start is None else start,
-                    top_logprobs_num=per_req(top_logprobs_num, i) or 0,
-                    token_ids_logprob=ids_logprob,
-                    return_hidden_states=return_hidden_states,
-                    return_routed_experts=return_routed_experts,
-                )
-            )
-        for req in reqs:
-            self.scheduler.handle_generate_request(req)
-        results = self._run_until_done(reqs, show_progress=show_progress and n > 1)
-        return results[0] if single else results
-
-    def _run_until_done(self, reqs: list[TokenizedGenerateReqInput], show_progress: bool) -> list[dict]:
-        pending = {r.rid: r for r in reqs}
-        output_ids: dict[str, list[int]] = {r.rid: [] for r in reqs}
-        done: dict[str, dict] = {}
-        with tqdm(total=len(reqs), disable=not show_progress, desc="generate") as bar:
-            while len(done) < len(reqs):
-                for out in self.scheduler.step():
-                    if out.rid not in pending:
-                        continue
-                    output_ids[out.rid] += out.new_output_ids
-                    if out.finished:
-                        done[out.rid] = self._make_result(pending[out.rid], output_ids[out.rid], out.meta_info)
-                        bar.update(1)
-        return [done[r.rid] for r in reqs]
-
-    def _make_result(self, req: TokenizedGenerateReqInput, output_ids: list[int], meta: dict) -> dict:
-        params = req.sampling_params
-        matched = meta["finish_reason"].get("matched")
-        # A stop token or stop string ends the text and is not part of it (SGLang's default);
-        # output_ids keep the stop token.
-        text_ids = output_ids[:-1] if isinstance(matched, int) else output_ids
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(matched, str) and matched in text:
-            text = text[: text.index(matched)]
-        return {"text": text, "output_ids": output_ids, "meta_info": meta}
+    def get_server_info(self) -> dict:
+        return run_inline(self.tokenizer_manager.get_server_info())
 
     # ---- expert distribution recorder (SGLang's Engine method names) ---------------------
 
     def start_expert_distribution_record(self) -> None:
-        self.scheduler.expert_distribution_handle("start")
+        run_inline(self.tokenizer_manager.start_expert_distribution_record())
 
     def stop_expert_distribution_record(self) -> None:
-        self.scheduler.expert_distribution_handle("stop")
+        run_inline(self.tokenizer_manager.stop_expert_distribution_record())
 
     def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
-        return self.scheduler.expert_distribution_handle("dump", output_path)
+        return run_inline(self.tokenizer_manager.dump_expert_distribution_record(output_path))
 
     def shutdown(self) -> None:
-        if isinstance(self.scheduler, SchedulerClient):
-            self.scheduler.shutdown()
-        self.scheduler = None
+        if self.tokenizer_manager is not None:
+            self.tokenizer_manager.shutdown()
+        self.tokenizer_manager = None
 
     def __enter__(self) -> "Engine":
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def run_inline(awaitable: Awaitable):
+    """Run a coroutine of the inline TokenizerManager to its end, without an event loop.
+
+    Its only suspension points are ``asyncio.sleep(0)``, a bare yield that an event loop
+    would answer by resuming it at once; so does this loop. Anything else it awaited would
+    need a real loop, which the inline front end never asks for."""
+    coro = awaitable.__await__()
+    while True:
+        try:
+            yielded = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        if yielded is not None:
+            raise RuntimeError(f"an inline engine call waited on {yielded!r}, which needs an event loop")
+
+
+def _iterate_inline(chunks: AsyncIterator[dict]) -> Iterator[dict]:
+    try:
+        while True:
+            try:
+                yield run_inline(anext(chunks))
+            except StopAsyncIteration:
+                return
+    finally:
+        run_inline(chunks.aclose())  # a consumer that stops early aborts what is left

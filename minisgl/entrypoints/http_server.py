@@ -15,7 +15,6 @@ the Ollama/SageMaker/Vertex routes, warm-up requests.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hmac
 import logging
 from http import HTTPStatus
@@ -33,7 +32,8 @@ from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, Completio
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from minisgl.managers.tokenizer_manager import GenerateReqInput, TokenizerManager
+from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -56,24 +56,33 @@ def _jsonable(obj):
 @router.get("/health")
 async def health(request: Request) -> Response:
     # SGLang's /health runs a one-token generation; here a live scheduler thread is the test.
-    healthy = _tokenizer_manager(request).is_healthy()
-    return Response(status_code=HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE)
+    tm = _tokenizer_manager(request)
+    if tm.is_healthy():
+        return Response(status_code=HTTPStatus.OK)
+    reason = f"the scheduler failed: {tm.error!r}" if tm.error else "the scheduler has stopped"
+    return create_error_response(reason, HTTPStatus.SERVICE_UNAVAILABLE)
 
 
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict:
     """Server args, worker limits and the live KV-pool accounting (SGLang lists the last per DP rank)."""
-    tm = _tokenizer_manager(request)
-    return {
-        **dataclasses.asdict(tm.server_args),
-        **dataclasses.asdict(tm.worker_info),
-        **await tm.get_internal_state(),
-        "num_aborted_requests": tm.num_aborted_reqs,
-    }
+    return await _tokenizer_manager(request).get_server_info()
 
 
 @router.api_route("/generate", methods=["POST", "PUT"])
-async def generate_request(obj: GenerateReqInput, request: Request) -> Response:
+async def generate_request(request: Request) -> Response:
+    # The body is read as plain JSON, not through a pydantic model: pydantic would coerce
+    # "10" to 10 and true to 1, and GenerateReqInput checks types strictly itself.
+    try:
+        body = await request.json()
+    except ValueError as e:
+        return create_error_response(f"malformed JSON body: {e}")
+    if not isinstance(body, dict):
+        return create_error_response("the request body must be a JSON object")
+    try:
+        obj = GenerateReqInput(**body)
+    except TypeError as e:
+        return create_error_response(f"unknown field in the request: {e}")
     stream = _tokenizer_manager(request).generate_request(obj, request)
     try:
         first = await anext(stream)
@@ -238,11 +247,22 @@ def launch_server(
 ) -> None:
     """Load the model, then serve until SIGINT/SIGTERM; the scheduler thread stops with the server."""
     logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    tokenizer_manager = TokenizerManager(server_args)
+    tokenizer_manager = TokenizerManager(server_args, threaded=True)
     app = create_app(tokenizer_manager, served_model_name, api_key)
+    # On shutdown uvicorn waits for open requests; a long generation must not hold it forever,
+    # and the cancelled requests abort through their generators' cleanup.
+    config = uvicorn.Config(app, host=host, port=port, log_level=server_args.log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+
+    def on_fatal_error() -> None:
+        # The scheduler has died of an error it could not pin on one request: rather than
+        # linger, answering 503 forever, stop, so that a supervisor restarts the process.
+        server.should_exit = True
+
+    tokenizer_manager.on_fatal_error = on_fatal_error
     try:
-        # On shutdown uvicorn waits for open requests; a long generation must not hold it forever,
-        # and the cancelled requests abort through their generators' cleanup.
-        uvicorn.run(app, host=host, port=port, log_level=server_args.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         tokenizer_manager.shutdown()  # for a server that never started (port taken); else a no-op
+    if tokenizer_manager.error is not None:
+        raise SystemExit(f"minisgl: the scheduler failed: {tokenizer_manager.error!r}")

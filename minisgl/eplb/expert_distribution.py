@@ -30,6 +30,7 @@ class ExpertDistributionRecorder:
     """A recorder that records nothing; the real one overrides the hooks."""
 
     @staticmethod
+    @tracing.traced(name="ExpertDistributionRecorder.init_new")
     def init_new(mode: Optional[str], num_layers: int, num_experts: int) -> "ExpertDistributionRecorder":
         if mode is None or num_experts == 0:
             return ExpertDistributionRecorder()

@@ -14,6 +14,8 @@ import dataclasses
 
 import torch
 
+from minisgl import tracing
+
 
 @dataclasses.dataclass
 class ExpertLocationMetadata:
@@ -29,3 +31,10 @@ class ExpertLocationMetadata:
     def init_trivial(num_layers: int, num_experts: int) -> "ExpertLocationMetadata":
         identity = torch.arange(num_experts).repeat(num_layers, 1)
         return ExpertLocationMetadata(num_layers, num_experts, identity)
+
+
+@tracing.traced
+def compute_initial_expert_location_metadata(num_layers: int, num_experts: int) -> ExpertLocationMetadata:
+    """SGLang's function of this name reads an EPLB placement or falls back to the trivial one;
+    minisgl has only the trivial one (logical expert i is physical expert i)."""
+    return ExpertLocationMetadata.init_trivial(num_layers, num_experts)

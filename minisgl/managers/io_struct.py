@@ -10,9 +10,144 @@ pipe to rank 0's scheduler process.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import uuid
+from typing import Any, Optional, Union
 
 from minisgl.sampling.sampling_params import SamplingParams
+
+# The per-request options a batch may give as one value for all prompts or as a list.
+_PER_REQUEST = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_hidden_states", "return_routed_experts")
+_DEFAULTS = {"return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0}
+
+
+@dataclasses.dataclass
+class GenerateReqInput:
+    """One generation request as a client sends it: one prompt or a batch, text or ids.
+
+    Mirrors GenerateReqInput in io_struct.py (normalize_batch_and_arguments,
+    __getitem__). ``normalize_batch_and_arguments`` decides single against batch,
+    expands ``n`` (SGLang's parallel_sample_num: a single prompt with n > 1 becomes
+    a batch) and turns every per-request option into one value per request, so
+    ``obj[i]`` is request i. Types are checked here, strictly (a bool is not an
+    int, a float is not an id), because JSON decoders and keyword callers hand
+    over whatever they were given. Omitted: multimodal inputs, LoRA, sessions,
+    disaggregation and routing keys.
+    """
+
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict, list[dict]]] = None
+    rid: Optional[Union[str, list[str]]] = None
+    return_logprob: Optional[Union[bool, list[bool]]] = None
+    logprob_start_len: Optional[Union[int, list[int]]] = None
+    top_logprobs_num: Optional[Union[int, list[int]]] = None
+    token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None
+    stream: bool = False
+    return_hidden_states: Union[bool, list[bool]] = False
+    return_routed_experts: Union[bool, list[bool]] = False
+
+    def normalize_batch_and_arguments(self) -> None:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("pass exactly one of text and input_ids")
+        check_type("stream", self.stream, bool)
+        if self.text is not None:
+            self.is_single = isinstance(self.text, str)
+            prompts = [self.text] if self.is_single else _as_list("text", self.text)
+            for t in prompts:
+                _check_text("text", t)
+        else:
+            ids = _as_list("input_ids", self.input_ids)
+            self.is_single = not ids or not isinstance(ids[0], list)
+            prompts = [ids] if self.is_single else ids
+            for p in prompts:
+                for t in _as_list("input_ids", p):
+                    check_type("input_ids", t, int)
+        self.batch_size = len(prompts)
+        if self.batch_size == 0:
+            raise ValueError("the batch of prompts is empty")
+
+        params = self.sampling_params
+        param_list = [params] * self.batch_size if params is None or isinstance(params, dict) else params
+        param_list = _per_prompt("sampling_params", param_list, self.batch_size)
+        for p in param_list:
+            if p is not None and not isinstance(p, dict):
+                raise ValueError(f"sampling_params must be an object, got {type(p).__name__}")
+        ns = {(p or {}).get("n", 1) for p in param_list}
+        if len(ns) > 1:
+            raise ValueError("n must be the same for every prompt of a batch")
+        self.parallel_sample_num = n = ns.pop()
+        check_type("n", n, int)
+        if n > 1:
+            self.is_single = False
+        num = self.batch_size * n
+
+        # Request i is sample i % n of prompt i // n (SGLang orders prompt-major too).
+        self.prompts = [prompts[i // n] for i in range(num)]
+        self.sampling_params = [{k: v for k, v in (param_list[i // n] or {}).items() if k != "n"} for i in range(num)]
+        for name in _PER_REQUEST:
+            value = getattr(self, name)
+            values = _per_prompt(name, value, self.batch_size) if isinstance(value, list) else [value] * self.batch_size
+            setattr(self, name, [_DEFAULTS.get(name) if values[i // n] is None else values[i // n] for i in range(num)])
+        ids_logprob = self.token_ids_logprob
+        if not ids_logprob or not isinstance(ids_logprob[0], list):
+            ids_logprob = [ids_logprob or None] * self.batch_size
+        ids_logprob = _per_prompt("token_ids_logprob", ids_logprob, self.batch_size)
+        self.token_ids_logprob = [ids_logprob[i // n] for i in range(num)]
+        self.rid = self._normalize_rid(num)
+
+    def _normalize_rid(self, num: int) -> list[str]:
+        if self.rid is None:
+            return [uuid.uuid4().hex for _ in range(num)]
+        if isinstance(self.rid, str):
+            _check_text("rid", self.rid)
+            return [self.rid] if num == 1 else [f"{self.rid}_{i}" for i in range(num)]
+        rids = _per_prompt("rid", self.rid, self.batch_size)
+        for r in rids:
+            _check_text("rid", r)
+        if self.parallel_sample_num > 1:
+            return [f"{rids[i // self.parallel_sample_num]}_{i % self.parallel_sample_num}" for i in range(num)]
+        return list(rids)
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Request i's options, after normalize_batch_and_arguments."""
+        return {
+            "rid": self.rid[i],
+            "prompt": self.prompts[i],
+            "sampling_params": self.sampling_params[i],
+            "sample_index": i % self.parallel_sample_num,
+            **{name: getattr(self, name)[i] for name in (*_PER_REQUEST, "token_ids_logprob")},
+        }
+
+
+def _as_list(name: str, value) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _per_prompt(name: str, values: list, batch_size: int) -> list:
+    if len(values) != batch_size:
+        raise ValueError(f"{name} has {len(values)} entries for a batch of {batch_size} prompts")
+    return values
+
+
+def check_type(name: str, value, kind: type):
+    """Return value if it is a ``kind``; else a ValueError. bool is a subclass of int in
+    Python, never in JSON, so True is not an int here."""
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ValueError(f"{name} must be of type {kind.__name__}, got {value!r}")
+    return value
+
+
+def _check_text(name: str, value) -> None:
+    check_type(name, value, str)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid UTF-8 (it holds a lone surrogate)") from None
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import ReqToTokenPool
 from minisgl.mem_cache.radix_cache import RadixCache
@@ -62,26 +63,20 @@ class FINISH_ABORT(BaseFinishReason):
 
 
 class Req:
+    """One request's whole life in the scheduler (SGLang's Req in schedule_batch.py)."""
+
     def __init__(
         self,
-        rid: str,
-        origin_input_text: Optional[str],
-        origin_input_ids: list[int],
-        sampling_params: SamplingParams,
+        recv_req: TokenizedGenerateReqInput,
         eos_token_ids: set[int],
         max_req_len: int,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        token_ids_logprob: Optional[list[int]] = None,
-        return_hidden_states: bool = False,
-        return_routed_experts: bool = False,
         generator: Optional[torch.Generator] = None,
     ) -> None:
-        self.rid = rid
-        self.origin_input_text = origin_input_text
-        self.origin_input_ids = list(origin_input_ids)
-        self.sampling_params = sampling_params
+        # The request's options arrive in one object, made and checked by the TokenizerManager.
+        self.rid = recv_req.rid
+        self.origin_input_text = recv_req.input_text
+        self.origin_input_ids = list(recv_req.input_ids)
+        self.sampling_params = recv_req.sampling_params
         self.eos_token_ids = eos_token_ids
         self.max_req_len = max_req_len
         self.generator = generator
@@ -102,13 +97,14 @@ class Req:
         self.cached_tokens = 0  # prompt tokens served by the radix cache at admission
 
         # Side outputs.
-        self.return_logprob = return_logprob
+        self.return_logprob = recv_req.return_logprob
         # -1 means "only the generated tokens": start at the last prompt position.
-        self.logprob_start_len = len(origin_input_ids) if logprob_start_len < 0 else logprob_start_len
-        self.top_logprobs_num = top_logprobs_num
-        self.token_ids_logprob = token_ids_logprob
-        self.return_hidden_states = return_hidden_states
-        self.return_routed_experts = return_routed_experts
+        start = recv_req.logprob_start_len
+        self.logprob_start_len = len(self.origin_input_ids) if start < 0 else start
+        self.top_logprobs_num = recv_req.top_logprobs_num
+        self.token_ids_logprob = recv_req.token_ids_logprob
+        self.return_hidden_states = recv_req.return_hidden_states
+        self.return_routed_experts = recv_req.return_routed_experts
         self.input_token_logprobs: list = []
         self.input_top_logprobs_val: list = []
         self.input_top_logprobs_idx: list = []
@@ -253,6 +249,8 @@ class ScheduleBatch:
             return allocator.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
         table = self.req_to_token_pool.req_to_token
         last_loc = [int(table[r.req_pool_idx, p - 1]) if p > 0 else -1 for r, p in zip(self.reqs, prefix_lens)]
+        if self.forward_mode.is_decode() and self.num_decode_tokens == 1:
+            return allocator.alloc_decode(seq_lens, last_loc)  # one token each: a page only where the last is full
         return allocator.alloc_extend(prefix_lens, seq_lens, last_loc)
 
     def _write_req_to_token(self, prefix_lens: list[int], seq_lens: list[int]) -> None:

@@ -127,57 +127,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
             generator = torch.Generator(device=self.worker_info.device)
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)))
             generator.manual_seed(seed)
-        req = Req(
-            rid=recv_req.rid,
-            origin_input_text=recv_req.input_text,
-            origin_input_ids=recv_req.input_ids,
-            sampling_params=params,
-            eos_token_ids=self.eos_token_ids,
-            max_req_len=self.worker_info.max_req_len,
-            return_logprob=recv_req.return_logprob,
-            logprob_start_len=recv_req.logprob_start_len,
-            top_logprobs_num=recv_req.top_logprobs_num,
-            token_ids_logprob=recv_req.token_ids_logprob,
-            return_hidden_states=recv_req.return_hidden_states,
-            return_routed_experts=recv_req.return_routed_experts,
-            generator=generator,
-        )
-        error = self._validate(req)
-        if error is not None:
-            # Never drop a request silently: it finishes at once, with the reason.
-            req.finished_reason = FINISH_ABORT(error)
-            self._emit(req, [])
-            return
+        req = Req(recv_req, self.eos_token_ids, self.worker_info.max_req_len, generator)
         self._rid_to_req[req.rid] = req
         self.waiting_queue.append(req)
-
-    def _validate(self, req: Req) -> Optional[str]:
-        prompt_len = len(req.origin_input_ids)
-        if prompt_len == 0:
-            return "the prompt is empty"
-        if prompt_len > self.worker_info.max_req_input_len:
-            return (
-                f"the prompt has {prompt_len} tokens, more than the {self.worker_info.max_req_input_len} "
-                f"allowed by the context length {self.worker_info.max_req_len}"
-            )
-        if prompt_len + 1 > self.worker_info.max_total_num_tokens:
-            return f"the prompt needs {prompt_len + 1} KV slots, the whole pool has {self.worker_info.max_total_num_tokens}"
-        if any(not 0 <= t < self.worker_info.vocab_size for t in req.origin_input_ids):
-            return f"input ids must be in [0, {self.worker_info.vocab_size})"
-        if req.return_hidden_states and not self.server_args.enable_return_hidden_states:
-            return "return_hidden_states needs the engine started with enable_return_hidden_states=True"
-        if req.return_routed_experts and not self.server_args.enable_return_routed_experts:
-            return "return_routed_experts needs the engine started with enable_return_routed_experts=True"
-        if req.return_routed_experts and not self.model_config.is_moe:
-            return "return_routed_experts needs a mixture-of-experts model"
-        if self.draft_worker is not None:
-            params = req.sampling_params
-            if req.return_logprob or req.return_hidden_states:
-                return "speculative decoding does not return logprobs or hidden states"
-            if params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0:
-                # A drafted position's penalties would depend on the drafts before it.
-                return "speculative decoding does not apply frequency, presence or repetition penalties"
-        return None
 
     def abort_request(self, rid: str) -> None:
         """Finish a request now, wherever it is, and free its KV at once."""
@@ -284,14 +236,24 @@ class Scheduler(SchedulerOutputProcessorMixin):
             return False
         return self.tree_cache.flush()
 
-    def get_cache_stats(self) -> dict:
+    def get_internal_state(self) -> dict:
+        """KV-pool, radix-cache and queue accounting. Finished requests leave their KV in the radix
+        cache (evictable_tokens): the pool is whole again, available_kv_tokens ==
+        max_total_num_tokens, only after flush_cache."""
         return {
             "prompt_tokens": self.num_prompt_tokens,
             "cached_tokens": self.num_cached_tokens,
             "hit_rate": self.num_cached_tokens / max(self.num_prompt_tokens, 1),
             "evictable_tokens": self.tree_cache.evictable_size(),
+            "protected_tokens": self.tree_cache.protected_size(),
             "available_kv_tokens": self.token_to_kv_pool_allocator.available_size(),
             "max_total_num_tokens": self.worker_info.max_total_num_tokens,
+            "num_running_reqs": len(self.running_batch.reqs),
+            "num_waiting_reqs": len(self.waiting_queue),
+            "num_retracted_reqs": self.num_retracted_reqs,
+            "req_slots_used": self.req_to_token_pool.size - self.req_to_token_pool.available_size(),
+            "req_slots_total": self.req_to_token_pool.size,
+            "is_idle": self.is_idle(),
         }
 
     def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
@@ -360,16 +322,18 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 self.abort_request(req.rid)
             else:
                 try:
-                    replies.append(self._handle_control_request(req))
+                    replies.append(self.handle_control_request(req))
                 except Exception as e:  # the caller's mistake (e.g. recorder off): it gets the error
                     replies.append(e)
         return replies
 
-    def _handle_control_request(self, req):
+    def handle_control_request(self, req):
+        """Answer one control request (io_struct); the front end's only way to reach the scheduler
+        besides generate and abort."""
         if isinstance(req, FlushCacheReqInput):
             return self.flush_cache()
         if isinstance(req, GetInternalStateReq):
-            return self.get_cache_stats()
+            return self.get_internal_state()
         if isinstance(req, ExpertDistributionReq):
             if req.action == "dump" and self.tp_rank != 0:
                 return None  # routing is replicated, so every rank counted the same; one writes

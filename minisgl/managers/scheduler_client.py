@@ -6,10 +6,10 @@ branch of _launch_subprocesses) and the send/receive half of TokenizerManager.
 With tp_size > 1 every rank runs its own Scheduler in its own process
 (scheduler.run_scheduler_process). This client starts the ranks of this node,
 talks to rank 0 over a pipe, and offers the in-process Scheduler's methods
-(handle_generate_request, abort_request, step, is_idle, flush_cache,
-get_cache_stats, expert_distribution_handle), so the Engine drives either the
-same way. SGLang connects the processes with ZMQ sockets and a detokenizer
-process; minisgl uses one multiprocessing pipe and detokenizes in the Engine.
+(handle_generate_request, abort_request, handle_control_request, step,
+is_idle), so the TokenizerManager drives either the same way. SGLang connects
+the processes with ZMQ sockets and a detokenizer process; minisgl uses one
+multiprocessing pipe and detokenizes in the TokenizerManager.
 """
 
 from __future__ import annotations
@@ -22,15 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 from minisgl.configs.model_config import ModelConfig
-from minisgl.hf_transformers_utils import get_tokenizer
-from minisgl.managers.io_struct import (
-    AbortReq,
-    ExpertDistributionReq,
-    FlushCacheReqInput,
-    GetInternalStateReq,
-    ReqOutput,
-    TokenizedGenerateReqInput,
-)
+from minisgl.managers.io_struct import AbortReq, ReqOutput, TokenizedGenerateReqInput
 from minisgl.managers.scheduler import TRACE_DIR_ENV, run_scheduler_process
 from minisgl.server_args import ServerArgs
 
@@ -108,11 +100,6 @@ class SchedulerClient:
         self.worker_info = None
         while self.worker_info is None:
             self._recv(block=True)
-        self.tokenizer = (
-            None
-            if server_args.skip_tokenizer_init
-            else get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
-        )
 
     # ---- the Scheduler's interface ---------------------------------------------------------
 
@@ -138,14 +125,9 @@ class SchedulerClient:
     def is_idle(self) -> bool:
         return not self._in_flight
 
-    def flush_cache(self) -> bool:
-        return self._call(FlushCacheReqInput())
-
-    def get_cache_stats(self) -> dict:
-        return self._call(GetInternalStateReq())
-
-    def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
-        return self._call(ExpertDistributionReq(action, output_path))
+    def handle_control_request(self, req) -> Any:
+        """Rank 0 applies it and broadcasts it to the other ranks; its reply comes back here."""
+        return self._call(req)
 
     def shutdown(self) -> None:
         """Tell rank 0 to stop (it tells the others), then reap this node's processes."""

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 class GenerationBatchResult:
     logits_output: LogitsProcessorOutput
     next_token_ids: Optional[torch.Tensor]  # None for a verify forward, which the caller samples
-    can_run_cuda_graph: bool
     # Speculative decode: drafts accepted per request; next_token_ids then holds, request
     # after request, those drafts and one token of the target's own (n + 1 each).
     accept_length_per_req_cpu: Optional[list[int]] = None
@@ -135,6 +134,6 @@ class TpModelWorker:
             out = self._model_runner.forward(forward_batch)
             if is_verify:
                 # Speculative verification samples against the draft tokens itself.
-                return GenerationBatchResult(out.logits_output, None, out.can_run_graph)
+                return GenerationBatchResult(out.logits_output, None)
             next_token_ids = self._model_runner.sample(out.logits_output, forward_batch)
-            return GenerationBatchResult(out.logits_output, next_token_ids, out.can_run_graph)
+            return GenerationBatchResult(out.logits_output, next_token_ids)

@@ -65,7 +65,6 @@ class CudaGraphRunner:
             req_pool_indices=self.req_pool_indices[:bs],
             seq_lens=self.seq_lens[:bs],
             out_cache_loc=self.out_cache_loc[:bs],
-            seq_lens_sum=bs,
             positions=self.positions[:bs],
             req_pool_indices_cpu=[0] * bs,
             seq_lens_cpu=[1] * bs,

@@ -46,9 +46,6 @@ class ForwardMode(IntEnum):
     def is_target_verify(self) -> bool:
         return self == ForwardMode.TARGET_VERIFY
 
-    def is_draft_extend(self) -> bool:
-        return self == ForwardMode.DRAFT_EXTEND
-
 
 class CaptureHiddenMode(IntEnum):
     NULL = 0  # keep no hidden states (the default: no extra copy)
@@ -70,7 +67,6 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # [bs]
     seq_lens: torch.Tensor  # [bs], prefix + new tokens
     out_cache_loc: torch.Tensor  # [num_tokens], KV slot of each new token
-    seq_lens_sum: int
     positions: torch.Tensor  # [num_tokens]
     # Host copies, so per-request loops never sync with the device.
     req_pool_indices_cpu: list[int]
@@ -109,7 +105,6 @@ class ForwardBatch:
                 req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64, device=device),
                 seq_lens=seq_lens,
                 out_cache_loc=batch.out_cache_loc.to(device),
-                seq_lens_sum=sum(batch.seq_lens),
                 positions=None,
                 req_pool_indices_cpu=list(batch.req_pool_indices),
                 seq_lens_cpu=list(batch.seq_lens),

@@ -27,7 +27,7 @@ from minisgl.eplb.expert_distribution import (
     get_global_expert_distribution_recorder,
     set_global_expert_distribution_recorder,
 )
-from minisgl.eplb.expert_location import ExpertLocationMetadata
+from minisgl.eplb.expert_location import compute_initial_expert_location_metadata
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.moe.routed_experts_capturer import (
@@ -51,6 +51,7 @@ class ModelRunnerOutput:
     can_run_graph: bool
 
 
+@tracing.traced
 def create_sampler() -> Sampler:
     return Sampler()
 
@@ -118,34 +119,30 @@ class ModelRunner:
             init_distributed_environment(backend, self.tp_size, self.tp_rank, self.server_args.dist_init_addr)
             initialize_model_parallel(self.tp_size)
 
+    @tracing.traced
     def initialize(self) -> None:
-        """Assemble the execution shell, in SGLang's order (claim C5)."""
-        with tracing.span("ModelRunner.initialize"):
-            mc = self.model_config
-            with tracing.span("compute_initial_expert_location_metadata"):
-                self.expert_location_metadata = ExpertLocationMetadata.init_trivial(
-                    mc.num_hidden_layers, mc.num_experts
-                )
-            with tracing.span("ExpertDistributionRecorder.init_new"):
-                set_global_expert_distribution_recorder(
-                    ExpertDistributionRecorder.init_new(
-                        self.server_args.expert_distribution_recorder_mode,
-                        mc.num_hidden_layers,
-                        self.expert_location_metadata.num_physical_experts,
-                    )
-                )
-            with tracing.span("create_sampler"):
-                self.sampler = create_sampler()
-            self.load_model()
-            self.init_memory_pool()
-            self.init_routed_experts_capturer()
-            self.init_attention_backend()
-            self.init_device_graphs()
+        """Assemble the execution shell, in SGLang's order (claim C5). Each step traces itself
+        (tracing.traced), so the golden trace shows the order in which they really run."""
+        mc = self.model_config
+        self.expert_location_metadata = compute_initial_expert_location_metadata(mc.num_hidden_layers, mc.num_experts)
+        set_global_expert_distribution_recorder(
+            ExpertDistributionRecorder.init_new(
+                self.server_args.expert_distribution_recorder_mode,
+                mc.num_hidden_layers,
+                self.expert_location_metadata.num_physical_experts,
+            )
+        )
+        self.sampler = create_sampler()
+        self.load_model()
+        self.init_memory_pool()
+        self.init_routed_experts_capturer()
+        self.init_attention_backend()
+        self.init_device_graphs()
 
+    @tracing.traced(attrs=lambda self: {"dtype": str(self.model_config.dtype).removeprefix("torch.")})
     def load_model(self) -> None:
-        with tracing.span("ModelRunner.load_model", dtype=str(self.model_config.dtype).removeprefix("torch.")):
-            self.model = get_model(self.model_config, self.device)
-            self.dtype = self.model_config.dtype
+        self.model = get_model(self.model_config, self.device)
+        self.dtype = self.model_config.dtype
 
     def profile_max_num_token(self) -> int:
         """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""
@@ -160,62 +157,62 @@ class ModelRunner:
             available = get_tp_group().all_reduce_min(available)
         return int(available * self.server_args.mem_fraction_static) // cell_size
 
+    @tracing.traced
     def init_memory_pool(self) -> None:
-        with tracing.span("ModelRunner.init_memory_pool"):
-            if self.token_to_kv_pool_allocator is not None:
-                # A draft runner keeps its own KV in the slots the target's allocator hands out.
-                max_tokens = self.token_to_kv_pool_allocator.size
-            else:
-                max_tokens = self.server_args.max_total_tokens or self.profile_max_num_token()
-            # The pool holds whole pages.
-            self.max_total_num_tokens = max_tokens // self.page_size * self.page_size
-            if self.max_total_num_tokens <= 0:
-                raise RuntimeError("not enough memory for the KV cache; raise mem_fraction_static")
-            if self.req_to_token_pool is None:
-                self.req_to_token_pool = ReqToTokenPool(
-                    size=self.server_args.max_running_requests,
-                    max_context_len=self.model_config.context_len + 4,
-                    device=self.device,
-                )
-            self.token_to_kv_pool = MHATokenToKVPool(
-                size=self.max_total_num_tokens,
-                page_size=self.page_size,
-                dtype=self.dtype,
-                head_num=self.model_config.get_num_kv_heads(self.tp_size),
-                head_dim=self.model_config.head_dim,
-                layer_num=self.model_config.num_hidden_layers,
+        if self.token_to_kv_pool_allocator is not None:
+            # A draft runner keeps its own KV in the slots the target's allocator hands out.
+            max_tokens = self.token_to_kv_pool_allocator.size
+        else:
+            max_tokens = self.server_args.max_total_tokens or self.profile_max_num_token()
+        # The pool holds whole pages.
+        self.max_total_num_tokens = max_tokens // self.page_size * self.page_size
+        if self.max_total_num_tokens <= 0:
+            raise RuntimeError("not enough memory for the KV cache; raise mem_fraction_static")
+        if self.req_to_token_pool is None:
+            self.req_to_token_pool = ReqToTokenPool(
+                size=self.server_args.max_running_requests,
+                max_context_len=self.model_config.context_len + 4,
                 device=self.device,
             )
-            if self.token_to_kv_pool_allocator is None:
-                if self.page_size == 1:
-                    self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
-                else:
-                    self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
-                        self.max_total_num_tokens, self.page_size, self.device
-                    )
-            tracing.point(
-                "ModelRunner.init_memory_pool.sized",
-                page_size=self.page_size,
-                allocator=type(self.token_to_kv_pool_allocator).__name__,
-            )
-
-    def init_routed_experts_capturer(self) -> None:
-        with tracing.span("ModelRunner.init_routed_experts_capturer"):
-            mc = self.model_config
-            set_global_experts_capturer(
-                RoutedExpertsCapturer.create(
-                    enable=self.server_args.enable_return_routed_experts and mc.is_moe,
-                    num_layers=mc.num_hidden_layers,
-                    top_k=mc.num_experts_per_tok,
-                    num_slots=self.max_total_num_tokens + self.page_size,
-                    device=self.device,
+        self.token_to_kv_pool = MHATokenToKVPool(
+            size=self.max_total_num_tokens,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            head_num=self.model_config.get_num_kv_heads(self.tp_size),
+            head_dim=self.model_config.head_dim,
+            layer_num=self.model_config.num_hidden_layers,
+            device=self.device,
+        )
+        if self.token_to_kv_pool_allocator is None:
+            if self.page_size == 1:
+                self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
+            else:
+                self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+                    self.max_total_num_tokens, self.page_size, self.device
                 )
-            )
+        tracing.point(
+            "ModelRunner.init_memory_pool.sized",
+            page_size=self.page_size,
+            allocator=type(self.token_to_kv_pool_allocator).__name__,
+        )
 
+    @tracing.traced
+    def init_routed_experts_capturer(self) -> None:
+        mc = self.model_config
+        set_global_experts_capturer(
+            RoutedExpertsCapturer.create(
+                enable=self.server_args.enable_return_routed_experts and mc.is_moe,
+                num_layers=mc.num_hidden_layers,
+                top_k=mc.num_experts_per_tok,
+                num_slots=self.max_total_num_tokens + self.page_size,
+                device=self.device,
+            )
+        )
+
+    @tracing.traced(attrs=lambda self: {"backend": self.server_args.attention_backend})
     def init_attention_backend(self) -> None:
         """The backend is chosen here, once, from server_args and the device (claim C11)."""
-        with tracing.span("ModelRunner.init_attention_backend", backend=self.server_args.attention_backend):
-            self.attn_backend = self._get_attention_backend()
+        self.attn_backend = self._get_attention_backend()
 
     def _get_attention_backend(self) -> AttentionBackend:
         name = self.server_args.attention_backend
@@ -233,22 +230,22 @@ class ModelRunner:
             return IntelAMXAttnBackend(self)
         raise ValueError(f"unknown attention backend {name!r}")
 
+    @tracing.traced
     def init_device_graphs(self) -> None:
-        with tracing.span("ModelRunner.init_device_graphs"):
-            self.graph_runner = None
-            if not self.device.startswith("cuda"):
-                tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
-            elif self.server_args.disable_cuda_graph:
-                tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
-            elif self.server_args.attention_backend != "triton":
-                tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
-            elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
-                # Their hooks run Python on every forward, which a replayed graph would skip.
-                tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
-            else:
-                from minisgl.model_executor.cuda_graph_runner import CudaGraphRunner
+        self.graph_runner = None
+        if not self.device.startswith("cuda"):
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
+        elif self.server_args.disable_cuda_graph:
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
+        elif self.server_args.attention_backend != "triton":
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
+        elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
+            # Their hooks run Python on every forward, which a replayed graph would skip.
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
+        else:
+            from minisgl.model_executor.cuda_graph_runner import CudaGraphRunner
 
-                self.graph_runner = CudaGraphRunner(self)
+            self.graph_runner = CudaGraphRunner(self)
 
     # ---- forward -------------------------------------------------------------------------
 

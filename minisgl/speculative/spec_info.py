@@ -1,7 +1,7 @@
 """SpeculativeAlgorithm: which speculative decoding the engine runs, and the worker that runs it.
 
 Mirrors python/sglang/srt/speculative/spec_info.py (SpeculativeAlgorithm with
-from_string, is_none, is_standalone, create_worker). SGLang also has EAGLE,
+from_string, is_none, create_worker). SGLang also has EAGLE,
 EAGLE3 and NGRAM, overlap-scheduled "v2" workers and tree drafts (topk > 1);
 minisgl keeps STANDALONE, a separate small draft model drafting a chain.
 """
@@ -30,9 +30,6 @@ class SpeculativeAlgorithm(Enum):
 
     def is_none(self) -> bool:
         return self == SpeculativeAlgorithm.NONE
-
-    def is_standalone(self) -> bool:
-        return self == SpeculativeAlgorithm.STANDALONE
 
     def create_worker(self) -> type["StandaloneWorker"]:
         assert not self.is_none(), "no worker for SpeculativeAlgorithm.NONE"

@@ -169,7 +169,6 @@ class StandaloneWorker(TpModelWorker):
         return GenerationBatchResult(
             logits_output=result.logits_output,
             next_token_ids=torch.tensor([t for tokens in accepted for t in tokens], dtype=torch.int64),
-            can_run_cuda_graph=False,
             accept_length_per_req_cpu=num_accepted,
         )
 

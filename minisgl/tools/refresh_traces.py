@@ -51,7 +51,6 @@ def model_runner_forward_sample(workdir: str) -> list[dict]:
         engine.generate(
             input_ids=PROMPTS,
             sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
-            show_progress=False,
         )
     return events
 
@@ -64,7 +63,6 @@ def attention_backend_triton(workdir: str) -> list[dict]:
         engine.generate(
             input_ids=PROMPTS,
             sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
-            show_progress=False,
         )
     keep = ("ModelRunner.init_attention_backend", "ModelRunner.forward", "attn_backend.init_forward_metadata", "RadixAttention.forward")
     return [e for e in events if e["event"].startswith(keep)]
@@ -103,7 +101,7 @@ def run_tp_engine(path: str, trace_dir: Path, generate_kwargs: dict, **engine_kw
     try:
         engine = _engine(path, **engine_kwargs)
         try:
-            results = engine.generate(**generate_kwargs, show_progress=False)
+            results = engine.generate(**generate_kwargs)
         finally:
             engine.shutdown()
     finally:

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from minisgl.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
-from minisgl.managers.tokenizer_manager import GenerateReqInput, TokenizerManager
+from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.tokenizer_manager import TokenizerManager
 
 
 def error_body(message: str, status_code: int) -> ErrorResponse:

@@ -22,7 +22,7 @@ from minisgl.entrypoints.openai.protocol import (
     LogProbs,
 )
 from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields, usage_of
-from minisgl.managers.tokenizer_manager import GenerateReqInput
+from minisgl.managers.io_struct import GenerateReqInput
 
 # OpenAI's limit on top alternatives per token for /v1/completions.
 MAX_COMPLETION_LOGPROBS = 5

@@ -18,10 +18,13 @@ as in ``benchmarks/profile_step.py --torch-native``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -45,8 +48,40 @@ def _build_dir(flags: list[str]) -> Path:
         digest.update((Path(__file__).parent / name).read_bytes())
     root = Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache" / "minisgl" / "kernels"))
     path = root / f"cpu-{digest.hexdigest()[:16]}"
-    path.mkdir(parents=True, exist_ok=True)
+    (path / "src").mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _sources_in(build_dir: Path) -> list[str]:
+    """The sources, copied into the build directory. ninja rebuilds when a source's *path* in
+    build.ninja changes, so building from the checkout would recompile for every clone of it;
+    the directory is named after the sources' content, so the copies never go stale."""
+    for name in _SOURCES + _HEADERS:
+        copy = build_dir / "src" / name
+        if not copy.exists():
+            shutil.copyfile(Path(__file__).parent / name, copy)
+    return [str(build_dir / "src" / s) for s in _SOURCES]
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One builder at a time, through a lock the kernel releases when its holder dies.
+    torch's own lock is a file whose existence is the lock: a build killed midway leaves it
+    behind and every later process waits on it forever. Under this lock, any such file is stale."""
+    with open(build_dir / "build.flock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        yield
+
+
+def can_build() -> bool:
+    """Whether the kernels are wanted and could be built here, answered without building them
+    (ServerArgs asks this to pick the CPU default; the build waits for the model runner)."""
+    if os.environ.get("MINISGL_DISABLE_CPU_KERNELS") == "1":
+        return False
+    from torch.utils.cpp_extension import is_ninja_available
+
+    return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()
 
 
 @functools.cache
@@ -61,15 +96,17 @@ def is_available() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
-        load(
-            name="minisgl_cpu_kernels",
-            sources=[str(Path(__file__).parent / s) for s in _SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(_build_dir(flags)),
-            is_python_module=False,
-            verbose=False,
-        )
+        build_dir = _build_dir(flags)
+        with _build_lock(build_dir):
+            load(
+                name="minisgl_cpu_kernels",
+                sources=_sources_in(build_dir),
+                extra_cflags=flags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as e:  # no compiler, no ninja, a read-only cache: fall back, loudly
         logger.warning("minisgl CPU kernels unavailable (%s: %s); using the PyTorch paths", type(e).__name__, e)
         return False

@@ -1,0 +1,49 @@
+"""The CPU kernels' build cache: built once per machine, whatever folder the sources are read from,
+and never by merely describing an engine (ServerArgs)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import minisgl
+from minisgl.kernels import cpu
+
+pytestmark = pytest.mark.skipif(not cpu.can_build(), reason="no C++ compiler or ninja on this machine")
+
+
+def _run(code: str, cwd: Path, env: dict) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_server_args_builds_nothing(tiny_llama, tmp_path):
+    cache = tmp_path / "kernels"
+    env = {**os.environ, "MINISGL_KERNEL_CACHE": str(cache)}
+    backend = _run(
+        f"from minisgl.server_args import ServerArgs; print(ServerArgs(model_path={tiny_llama!r}).attention_backend)",
+        Path.cwd(),
+        env,
+    )
+    assert backend == "intel_amx"  # chosen because the kernels *can* be built ...
+    assert not cache.exists() or not any(cache.iterdir())  # ... yet nothing was compiled
+
+
+def test_a_second_checkout_reuses_the_cached_build(tmp_path):
+    assert cpu.is_available()  # this checkout's build, made or loaded
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(minisgl.__file__).parent, clone / "minisgl", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    code = (
+        "import minisgl, torch; from minisgl.kernels import cpu; import time; t = time.time(); "
+        "assert cpu.is_available(); print(minisgl.__file__, time.time() - t)"
+    )
+    libraries = list(Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache/minisgl/kernels")).glob("cpu-*/*.so"))
+    before = {p: p.stat().st_mtime_ns for p in libraries}
+    where, _ = _run(code, tmp_path, env).split()
+    assert where.startswith(str(clone))  # the copy's sources were the ones read
+    assert {p: p.stat().st_mtime_ns for p in libraries} == before  # and no library was rebuilt
