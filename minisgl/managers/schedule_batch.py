@@ -22,7 +22,6 @@ from minisgl.mem_cache.memory_pool import ReqToTokenPool
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
-from minisgl.sampling.sampling_params import SamplingParams
 
 
 class BaseFinishReason:
