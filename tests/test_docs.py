@@ -2,7 +2,7 @@
 
 Fast and browser-free. It reads the Markdown under docs/ and checks, against the
 source (parsed with ``ast``, never imported), the tests/ folder and the SGLang index
-in ../shared/reference/:
+that ships in docs/reference/ (scripts/make_sglang_index.py writes it from an SGLang checkout):
 
 - code references in inline code spans: ``minisgl/x.py``, ``minisgl/x.py::Class.member``,
   ``minisgl/x.py:12``, ``minisgl/dir/``, ``minisgl.module``, ``python -m minisgl.module``,
@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PKG = REPO / "minisgl"
-SGLANG_INDEX = REPO.parent / "shared" / "reference" / "sglang-index-64bca53.md"
+SGLANG_INDEX = DOCS / "reference" / "sglang-index-64bca53.json"  # made by scripts/make_sglang_index.py
 CLAIMS = range(1, 13)
 
 PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
@@ -564,45 +564,20 @@ _R_SGLANG_DIR = re.compile(r"^python/sglang/srt/([\w/]+)/$")
 
 @functools.lru_cache(maxsize=None)
 def sglang_index() -> dict[str, dict[int, set[str]]]:
-    """file -> {line: names} from the index: definitions and the calls listed under 'Call order'."""
+    """file -> {line: names}: definitions, the calls of the key methods, and the attribute reads listed."""
+    data = json.loads(SGLANG_INDEX.read_text(encoding="utf-8"))
     files: dict[str, dict[int, set[str]]] = {}
-    current = None
-    calls_of = None
-    for line in SGLANG_INDEX.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^## ([\w/]+\.py) \(\d+ lines\)", line)
-        if m:
-            current, calls_of = files.setdefault(m.group(1), {}), None
-            continue
-        m = re.match(r"^## ([\w/]+\.py) :: ", line)
-        if m:
-            current, calls_of = None, files.setdefault(m.group(1), {})
-            continue
-        if line.startswith("#"):
-            current = calls_of = None
-            continue
-        if current is not None:
-            m = re.match(r"^\s*- L(\d+) (?:(?:class|def) )?([\w.]+)", line)
-            if m:
-                current.setdefault(int(m.group(1)), set()).add(m.group(2))
-        elif calls_of is not None:
-            for m in re.finditer(r"L(\d+) ([^,]+)", line):
-                name = m.group(2).strip()
-                names = calls_of.setdefault(int(m.group(1)), set())
-                names.update({name, name.removeprefix("self.")})
+    for rel, entry in data["files"].items():
+        lines = files.setdefault(rel, {})
+        calls = [c for method in entry.get("calls", {}).values() for c in method]
+        facts = entry["defs"] + calls + entry.get("reads", [])
+        for line, name in facts:
+            lines.setdefault(line, set()).update({name, name.removeprefix("self.")})
     return files
-
-
-def _need_index():
-    if not SGLANG_INDEX.is_file():
-        pytest.skip(
-            f"SGLang index not found at {SGLANG_INDEX} (it lives in shared/ beside the repository; "
-            "CI has it at ../shared/reference/)"
-        )
 
 
 @pytest.mark.parametrize("path", PAGES)
 def test_sglang_references_are_in_the_index(path):
-    _need_index()
     index = sglang_index()
     problems = []
     for span in load(path).spans:
@@ -628,7 +603,6 @@ def concordance_tables(path: str):
 
 @pytest.mark.parametrize("path", CHAPTERS)
 def test_chapter_concordance_rows(path):
-    _need_index()
     index = sglang_index()
     tables = list(concordance_tables(path))
     assert tables, f"{path} has no concordance table (| minisgl | SGLang at 64bca53 | ... |)"
