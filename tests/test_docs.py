@@ -636,3 +636,24 @@ def test_every_chapter_is_in_the_nav():
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
     missing = [p for p in PAGES if f" {p}" not in nav]
     assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
+
+
+def test_sglang_import_counts_match_the_index():
+    """The numbers the book gives for SGLang's imports (claim C10's row) are the index's."""
+    files = json.loads(SGLANG_INDEX.read_text(encoding="utf-8"))["files"]
+
+    def count(folder: str, package: str) -> int:
+        return sum(1 for rel, e in files.items() if rel.startswith(folder) and package in e["imports"])
+
+    models = sum(1 for rel in files if rel.startswith("models/"))
+    layers_text = (DOCS / "chapters" / "models-and-layers.md").read_text(encoding="utf-8")
+    expected = [
+        f"{count('layers/', 'model_executor')} files under `layers/` import `model_executor`",
+        f"of the {models} files in `models/`, {count('models/', 'model_executor')} import `model_executor`, "
+        f"{count('models/', 'managers')} `managers` and {count('models/', 'eplb')} `eplb`",
+    ]
+    missing = [s for s in expected if s not in layers_text]
+    attention_text = (DOCS / "chapters" / "attention.md").read_text(encoding="utf-8")
+    attn = f"{count('layers/attention/', 'model_executor')} of the {count('layers/', 'model_executor')} `layers/` files"
+    missing += [attn] if attn not in attention_text else []
+    assert not missing, f"the book's SGLang import counts differ from the index: expected {missing}"
