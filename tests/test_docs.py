@@ -535,7 +535,8 @@ def test_claims_cite_existing_tests(path):
                 )
             for t in r.tests:
                 if not (t.startswith("tests/") and names_claim(Path(t).name, r.claim)):
-                    problems.append(f"{where}: expected test name {t!r} must look like tests/test_c{r.claim}_<topic>.py")
+                    want = f"tests/test_c{r.claim}_<topic>.py"
+                    problems.append(f"{where}: expected test name {t!r} must look like {want}")
             continue
         if not r.tests:
             problems.append(f"{where}: the Test cell names no test file and does not say 'planned'")
@@ -657,3 +658,15 @@ def test_sglang_import_counts_match_the_index():
     attn = f"{count('layers/attention/', 'model_executor')} of the {count('layers/', 'model_executor')} `layers/` files"
     missing += [attn] if attn not in attention_text else []
     assert not missing, f"the book's SGLang import counts differ from the index: expected {missing}"
+
+
+def test_every_golden_trace_is_quoted():
+    """Each file in traces/ is quoted, checked event by event, on some page."""
+    quoted = {
+        m.group(1)
+        for path in PAGES
+        for block in load(path).blocks
+        if (m := _R_TITLE.search(block.info)) and m.group(1).startswith("traces/")
+    }
+    golden = {p.relative_to(REPO).as_posix() for p in (REPO / "traces").glob("*.jsonl")}
+    assert golden <= quoted, f"golden traces no page quotes: {sorted(golden - quoted)}"

@@ -236,9 +236,10 @@ def with_request_life(chapter: str, diagram: str) -> str:
 def build(out: Path, data: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     traces = REPO / "traces"
-    draw_trace(tracing.load_jsonl(traces / "model_runner_initialize.jsonl"),
-               "Engine(...): Scheduler → TpModelWorker → ModelRunner.initialize\n(traces/model_runner_initialize.jsonl)",
-               out, "init_timeline")
+    init_title = (
+        "Engine(...): Scheduler → TpModelWorker → ModelRunner.initialize\n(traces/model_runner_initialize.jsonl)"
+    )
+    draw_trace(tracing.load_jsonl(traces / "model_runner_initialize.jsonl"), init_title, out, "init_timeline")
     draw_trace(tracing.load_jsonl(traces / "model_runner_forward_sample.jsonl"),
                "two scheduler steps, EXTEND then DECODE (traces/model_runner_forward_sample.jsonl)",
                out, "forward_sample")
