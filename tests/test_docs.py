@@ -670,3 +670,15 @@ def test_every_golden_trace_is_quoted():
     }
     golden = {p.relative_to(REPO).as_posix() for p in (REPO / "traces").glob("*.jsonl")}
     assert golden <= quoted, f"golden traces no page quotes: {sorted(golden - quoted)}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS)
+def test_chapter_ends_with_exercises(path):
+    """A "Try it" section of two or three exercises, each with the pytest command that checks it."""
+    text = "\n".join(load(path).prose)
+    assert "\n## Try it\n" in text, f"{path} has no '## Try it' section"
+    section = text.split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"\n(?=\d\. )", "\n" + section.strip())[1:]
+    assert 2 <= len(items) <= 3, f"{path}: {len(items)} exercises, want two or three"
+    for i, item in enumerate(items, 1):
+        assert re.search(r"`python -m pytest [^`]*tests/[^`]+`", item), f"{path}: exercise {i} names no pytest command"
