@@ -672,7 +672,7 @@ def test_every_golden_trace_is_quoted():
     assert golden <= quoted, f"golden traces no page quotes: {sorted(golden - quoted)}"
 
 
-@pytest.mark.parametrize("path", CHAPTERS)
+@pytest.mark.parametrize("path", [p for p in CHAPTERS if p.count(".") == 1])  # the English pages
 def test_chapter_ends_with_exercises(path):
     """A "Try it" section of two or three exercises, each with the pytest command that checks it."""
     text = "\n".join(load(path).prose)

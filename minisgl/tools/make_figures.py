@@ -249,6 +249,10 @@ def build(out: Path, data: dict) -> None:
     draw_expert_heat(data["expert_heat"], out)
     draw_extend_attention(data["extend_attention"], out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
+    import matplotlib
+
+    (out / "drawn_with.txt").write_text(f"matplotlib {matplotlib.__version__}\n", encoding="utf-8")
 
 
 def main() -> None:
