@@ -2,7 +2,7 @@
 
 Fast and browser-free. It reads the Markdown under docs/ and checks, against the
 source (parsed with ``ast``, never imported), the tests/ folder and the SGLang index
-in ../shared/reference/:
+that ships in docs/reference/ (scripts/make_sglang_index.py writes it from an SGLang checkout):
 
 - code references in inline code spans: ``minisgl/x.py``, ``minisgl/x.py::Class.member``,
   ``minisgl/x.py:12``, ``minisgl/dir/``, ``minisgl.module``, ``python -m minisgl.module``,
@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PKG = REPO / "minisgl"
-SGLANG_INDEX = REPO.parent / "shared" / "reference" / "sglang-index-64bca53.md"
+SGLANG_INDEX = DOCS / "reference" / "sglang-index-64bca53.json"  # made by scripts/make_sglang_index.py
 CLAIMS = range(1, 13)
 
 PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
@@ -535,7 +535,8 @@ def test_claims_cite_existing_tests(path):
                 )
             for t in r.tests:
                 if not (t.startswith("tests/") and names_claim(Path(t).name, r.claim)):
-                    problems.append(f"{where}: expected test name {t!r} must look like tests/test_c{r.claim}_<topic>.py")
+                    want = f"tests/test_c{r.claim}_<topic>.py"
+                    problems.append(f"{where}: expected test name {t!r} must look like {want}")
             continue
         if not r.tests:
             problems.append(f"{where}: the Test cell names no test file and does not say 'planned'")
@@ -564,45 +565,20 @@ _R_SGLANG_DIR = re.compile(r"^python/sglang/srt/([\w/]+)/$")
 
 @functools.lru_cache(maxsize=None)
 def sglang_index() -> dict[str, dict[int, set[str]]]:
-    """file -> {line: names} from the index: definitions and the calls listed under 'Call order'."""
+    """file -> {line: names}: definitions, the calls of the key methods, and the attribute reads listed."""
+    data = json.loads(SGLANG_INDEX.read_text(encoding="utf-8"))
     files: dict[str, dict[int, set[str]]] = {}
-    current = None
-    calls_of = None
-    for line in SGLANG_INDEX.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"^## ([\w/]+\.py) \(\d+ lines\)", line)
-        if m:
-            current, calls_of = files.setdefault(m.group(1), {}), None
-            continue
-        m = re.match(r"^## ([\w/]+\.py) :: ", line)
-        if m:
-            current, calls_of = None, files.setdefault(m.group(1), {})
-            continue
-        if line.startswith("#"):
-            current = calls_of = None
-            continue
-        if current is not None:
-            m = re.match(r"^\s*- L(\d+) (?:(?:class|def) )?([\w.]+)", line)
-            if m:
-                current.setdefault(int(m.group(1)), set()).add(m.group(2))
-        elif calls_of is not None:
-            for m in re.finditer(r"L(\d+) ([^,]+)", line):
-                name = m.group(2).strip()
-                names = calls_of.setdefault(int(m.group(1)), set())
-                names.update({name, name.removeprefix("self.")})
+    for rel, entry in data["files"].items():
+        lines = files.setdefault(rel, {})
+        calls = [c for method in entry.get("calls", {}).values() for c in method]
+        facts = entry["defs"] + calls + entry.get("reads", [])
+        for line, name in facts:
+            lines.setdefault(line, set()).update({name, name.removeprefix("self.")})
     return files
-
-
-def _need_index():
-    if not SGLANG_INDEX.is_file():
-        pytest.skip(
-            f"SGLang index not found at {SGLANG_INDEX} (it lives in shared/ beside the repository; "
-            "CI has it at ../shared/reference/)"
-        )
 
 
 @pytest.mark.parametrize("path", PAGES)
 def test_sglang_references_are_in_the_index(path):
-    _need_index()
     index = sglang_index()
     problems = []
     for span in load(path).spans:
@@ -628,7 +604,6 @@ def concordance_tables(path: str):
 
 @pytest.mark.parametrize("path", CHAPTERS)
 def test_chapter_concordance_rows(path):
-    _need_index()
     index = sglang_index()
     tables = list(concordance_tables(path))
     assert tables, f"{path} has no concordance table (| minisgl | SGLang at 64bca53 | ... |)"
@@ -662,3 +637,48 @@ def test_every_chapter_is_in_the_nav():
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
     missing = [p for p in PAGES if f" {p}" not in nav]
     assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
+
+
+def test_sglang_import_counts_match_the_index():
+    """The numbers the book gives for SGLang's imports (claim C10's row) are the index's."""
+    files = json.loads(SGLANG_INDEX.read_text(encoding="utf-8"))["files"]
+
+    def count(folder: str, package: str) -> int:
+        return sum(1 for rel, e in files.items() if rel.startswith(folder) and package in e["imports"])
+
+    models = sum(1 for rel in files if rel.startswith("models/"))
+    layers_text = (DOCS / "chapters" / "models-and-layers.md").read_text(encoding="utf-8")
+    expected = [
+        f"{count('layers/', 'model_executor')} files under `layers/` import `model_executor`",
+        f"of the {models} files in `models/`, {count('models/', 'model_executor')} import `model_executor`, "
+        f"{count('models/', 'managers')} `managers` and {count('models/', 'eplb')} `eplb`",
+    ]
+    missing = [s for s in expected if s not in layers_text]
+    attention_text = (DOCS / "chapters" / "attention.md").read_text(encoding="utf-8")
+    attn = f"{count('layers/attention/', 'model_executor')} of the {count('layers/', 'model_executor')} `layers/` files"
+    missing += [attn] if attn not in attention_text else []
+    assert not missing, f"the book's SGLang import counts differ from the index: expected {missing}"
+
+
+def test_every_golden_trace_is_quoted():
+    """Each file in traces/ is quoted, checked event by event, on some page."""
+    quoted = {
+        m.group(1)
+        for path in PAGES
+        for block in load(path).blocks
+        if (m := _R_TITLE.search(block.info)) and m.group(1).startswith("traces/")
+    }
+    golden = {p.relative_to(REPO).as_posix() for p in (REPO / "traces").glob("*.jsonl")}
+    assert golden <= quoted, f"golden traces no page quotes: {sorted(golden - quoted)}"
+
+
+@pytest.mark.parametrize("path", [p for p in CHAPTERS if p.count(".") == 1])  # the English pages
+def test_chapter_ends_with_exercises(path):
+    """A "Try it" section of two or three exercises, each with the pytest command that checks it."""
+    text = "\n".join(load(path).prose)
+    assert "\n## Try it\n" in text, f"{path} has no '## Try it' section"
+    section = text.split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"\n(?=\d\. )", "\n" + section.strip())[1:]
+    assert 2 <= len(items) <= 3, f"{path}: {len(items)} exercises, want two or three"
+    for i, item in enumerate(items, 1):
+        assert re.search(r"`python -m pytest [^`]*tests/[^`]+`", item), f"{path}: exercise {i} names no pytest command"

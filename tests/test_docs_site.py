@@ -109,9 +109,33 @@ def test_site_builds_strict_and_offline(site):
     concordance = (site / "concordance" / "index.html").read_text(encoding="utf-8")
     assert "concordance:generated" not in concordance
     assert concordance.count("python/sglang/srt/") >= 100
+    check_links(site)
     api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     missing = [name for name in API_CLASSES if f'id="{name}"' not in api]
     assert not missing, f"the API reference lacks {missing}"
+
+
+def check_links(site: Path) -> None:
+    """Every SGLang reference links to its line at the pinned commit; every repository path to its page."""
+    commit = json.loads((REPO / "docs" / "reference" / "sglang-index-64bca53.json").read_text())["commit"]
+    problems, linked = [], 0
+    for page in site.rglob("index.html"):
+        if page.relative_to(site).parts[0] in ("source", "assets", "search"):
+            continue
+        prose = re.sub(r"<pre[\s>].*?</pre>", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for m in re.finditer(r'(?:<a href="([^"]*)">)?<code>(python/sglang/srt/[\w/]+\.py(?::(\d+))?)</code>', prose):
+            href, text, line = m.groups()
+            want = f"https://github.com/sgl-project/sglang/blob/{commit}/{text.split(':')[0]}"
+            if not href or not href.startswith(want) or (line and not href.endswith(f"#L{line}")):
+                problems.append(f"{page.relative_to(site)}: `{text}` links to {href}")
+            linked += 1
+        repo_ref = r'(?:<a href="([^"]*)">)?<code>((?:minisgl|tests)/[\w/.]+\.py)(?:(?:::|:)[\w.]+)?</code>'
+        for m in re.finditer(repo_ref, prose):
+            href, rel = m.groups()
+            if (REPO / rel).is_file() and not (href and (page.parent / href.split("#")[0]).is_file()):
+                problems.append(f"{page.relative_to(site)}: `{rel}` has no link to its source page ({href})")
+    assert linked >= 100, f"only {linked} SGLang references found on the site"
+    assert not problems, "\n".join(problems[:20])
 
 
 # ---------------------------------------------------------------------------------------

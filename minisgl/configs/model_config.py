@@ -138,7 +138,9 @@ def _get_and_verify_dtype(hf_config: PretrainedConfig, dtype: str, device: str) 
     if isinstance(config_dtype, str):
         config_dtype = _STR_TO_DTYPE.get(config_dtype, torch.float32)
     config_dtype = config_dtype or torch.float32
-    # As SGLang: a float32 checkpoint is served in bfloat16 on a GPU; on a CPU we keep float32.
+    # SGLang serves a float32 checkpoint in float16 under "auto" on any device (bfloat16 only for
+    # Gemma). minisgl picks bfloat16 on a GPU, whose exponent range is float32's, so activations
+    # that fit in float32 cannot overflow; a CPU keeps float32.
     if config_dtype == torch.float32 and device.startswith("cuda"):
         return torch.bfloat16
     return config_dtype

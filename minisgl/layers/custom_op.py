@@ -1,10 +1,12 @@
 """One op, one forward per platform.
 
-Mirrors python/sglang/srt/custom_op.py (CustomOp): a layer writes ``forward_native`` in plain
-PyTorch (the reference every kernel is tested against) and may add ``forward_cuda`` and
-``forward_cpu`` fast paths. SGLang binds the path once at construction from the platform;
-minisgl picks it per call from the input's device, so a module moved between devices keeps
-working. The CPU path is taken only where minisgl's C++ kernels built (minisgl/kernels/cpu).
+Mirrors python/sglang/srt/layers/utils/multi_platform.py:24 (MultiPlatformOp; SGLang has no
+srt/custom_op.py, and its utils/custom_op.py registers torch custom ops instead): a layer
+writes ``forward_native`` in plain PyTorch (the reference every kernel is tested against) and
+may add ``forward_cuda`` and ``forward_cpu`` fast paths. SGLang binds the path once at
+construction from the platform (MultiPlatformOp.dispatch_forward); minisgl picks it per call
+from the input's device, so a module moved between devices keeps working. The CPU path is
+taken only where minisgl's C++ kernels built (minisgl/kernels/cpu).
 """
 
 from __future__ import annotations

@@ -1,0 +1,169 @@
+"""What the book's figures show, measured by running the engine on tiny checkpoints.
+
+Each function returns plain data (lists, dicts, ints): minisgl/tools/make_figures.py
+draws it, and tests/test_docs_figures.py recomputes it and compares with the data
+committed beside the figures, so a figure cannot drift from the code it pictures.
+The init timeline and the forward/sample sequence are drawn from the golden traces in
+traces/, which tests/test_c4_c5_model_runner_init.py and
+tests/test_c6_c7_c8_forward_sample.py compare against fresh runs.
+"""
+
+from __future__ import annotations
+
+from minisgl import tracing
+from minisgl.managers.io_struct import TokenizedGenerateReqInput
+from minisgl.sampling.sampling_params import SamplingParams
+
+CPU = dict(device="cpu", attention_backend="torch_native")
+
+
+def _engine(path: str, **kwargs):
+    from minisgl.entrypoints.engine import Engine
+
+    return Engine(model_path=path, **{**CPU, **kwargs})
+
+
+def _request(rid: str, input_ids: list[int], max_new_tokens: int) -> TokenizedGenerateReqInput:
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    return TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=input_ids, sampling_params=params)
+
+
+def _slots(sched, req) -> list[int]:
+    if req.req_pool_idx is None:
+        return []
+    return sched.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len].tolist()
+
+
+def kv_slots(llama: str) -> dict:
+    """Chapter 4: which KV slots two requests own after each step, with pages of four slots."""
+    engine = _engine(llama, max_total_tokens=64, page_size=4, disable_radix_cache=True)
+    sched = engine.scheduler
+    reqs = []
+    for rid, ids, new in (("a", list(range(10, 15)), 4), ("b", list(range(20, 23)), 4)):
+        sched.handle_generate_request(_request(rid, ids, new))
+        reqs.append(sched.waiting_queue[-1])
+    steps = []
+    while not sched.is_idle():
+        sched.step()
+        steps.append({"batch": sched.last_batch.forward_mode.name, **{r.rid: _slots(sched, r) for r in reqs}})
+    return {"page_size": 4, "requests": [r.rid for r in reqs], "steps": steps}
+
+
+def _tree(node) -> dict:
+    return {
+        "key": list(node.key),
+        "slots": [] if node.value is None else node.value.tolist(),
+        "children": [_tree(c) for _, c in sorted(node.children.items())],
+    }
+
+
+def radix_tree(llama: str) -> dict:
+    """Chapter 4: the radix cache after three requests that share prefixes have finished."""
+    engine = _engine(llama, max_total_tokens=64)
+    prompts = {"a": [10, 11, 12, 13, 14, 15], "b": [10, 11, 12, 13, 40, 41], "c": [10, 11, 50]}
+    cached = {}
+    for rid, ids in prompts.items():  # one after another, so each sees the previous ones' KV
+        out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 1})
+        cached[rid] = out["meta_info"]["cached_tokens"]
+    return {"prompts": prompts, "cached_tokens": cached, "root": _tree(engine.scheduler.tree_cache.root_node)}
+
+
+def continuous_batching(llama: str) -> dict:
+    """Chapter 9: what each request does at each scheduler step, in a pool too small for all of them."""
+    engine = _engine(llama, max_total_tokens=64)
+    sched = engine.scheduler
+    arrivals = {0: [_request(f"r{i}", [3 + i, 4 + i], 24) for i in range(3)], 6: [_request("r3", [9, 10, 11], 8)]}
+    rids = [r.rid for step in sorted(arrivals) for r in arrivals[step]]
+    done: set[str] = set()
+    steps = []
+    while arrivals or not sched.is_idle():
+        for req in arrivals.pop(len(steps), []):
+            sched.handle_generate_request(req)
+        with tracing.record() as events:
+            outputs = sched.step()
+        retracted = sum(e["num_retracted"] for e in events if e["event"] == "Scheduler.retract_decode")
+        batch = sched.last_batch if any(e["event"] == "Scheduler.run_batch" for e in events) else None
+        ran = {r.rid for r in batch.reqs} if batch is not None else set()
+        waiting = {r.rid for r in sched.waiting_queue}
+        done |= {o.rid for o in outputs if o.finished}
+        previous = steps[-1] if steps else {}
+        state = {}
+        for rid in rids:
+            if rid in ran and rid not in done:
+                state[rid] = "prefill" if batch.forward_mode.name == "EXTEND" else "decode"
+            elif rid in waiting:
+                was_running = previous.get(rid) in ("prefill", "decode")
+                state[rid] = "retracted" if retracted and was_running else "waiting"
+            else:
+                state[rid] = "done" if rid in done else ""
+        steps.append(state)
+    return {"requests": rids, "pool": sched.worker_info.max_total_num_tokens, "steps": steps}
+
+
+def expert_heat(qwen3_moe: str) -> dict:
+    """Chapter 8: how often each expert of each layer was chosen over four prompts."""
+    engine = _engine(qwen3_moe, max_total_tokens=256, expert_distribution_recorder_mode="stat")
+    engine.start_expert_distribution_record()
+    prompts = [[5, 6, 7, 8, 9], [20, 21, 22], [40, 41, 42, 43], [60, 61]]
+    engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
+                    show_progress=False)
+    engine.stop_expert_distribution_record()
+    dump = engine.dump_expert_distribution_record()
+    return {"mode": dump["mode"], "stat": dump["stat"].tolist()}
+
+
+def extend_attention(llama: str) -> dict:
+    """Chapter 5: the KV slots each query of a prefill reads, when one request's prefix is cached."""
+    engine = _engine(llama, max_total_tokens=64)
+    engine.generate(input_ids=[10, 11, 12, 13, 14], sampling_params={"temperature": 0, "max_new_tokens": 1})
+    runner = engine.scheduler.tp_worker.model_runner
+    seen = []
+    original = runner.attn_backend.init_forward_metadata
+
+    def record(forward_batch):
+        if forward_batch.forward_mode.name == "EXTEND":
+            table = forward_batch.req_to_token_pool.req_to_token
+            seen.append([
+                {"prefix": p, "new": n, "slots": table[row, : p + n].tolist()}
+                for row, p, n in zip(forward_batch.req_pool_indices_cpu, forward_batch.extend_prefix_lens_cpu,
+                                     forward_batch.extend_seq_lens_cpu)
+            ])
+        return original(forward_batch)
+
+    runner.attn_backend.init_forward_metadata = record
+    engine.generate(input_ids=[[10, 11, 12, 13, 30, 31], [50, 51, 52]],
+                    sampling_params={"temperature": 0, "max_new_tokens": 1}, show_progress=False)
+    return {"requests": seen[0]}
+
+
+PARTICIPANTS = ["HTTP server", "TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"]
+
+
+def request_life(llama: str) -> list[dict]:
+    """Chapter 10: one request's events from the HTTP handler to the detokenized text, on one thread.
+
+    The server runs the scheduler on its own thread; here the same calls run in turn on this
+    one so that one recorder sees them all. The HTTP and TokenizerManager spans are this
+    function's (they are the server's steps, named after it); everything between them is
+    the engine's own trace.
+    """
+    from minisgl.entrypoints.engine import Engine
+
+    engine = Engine(model_path=llama, **CPU, max_total_tokens=64)
+    sched, tokenizer = engine.scheduler, engine.tokenizer
+    with tracing.record() as events:
+        with tracing.span("http_server.generate_request", route="/generate"):
+            with tracing.span("TokenizerManager.generate_request"):
+                with tracing.span("TokenizerManager.tokenize"):
+                    ids = tokenizer.encode("The river rose")
+                with tracing.span("Scheduler.handle_generate_request"):
+                    sched.handle_generate_request(_request("req", ids, 2))
+                new_ids = []
+                while not sched.is_idle():
+                    with tracing.span("Scheduler.step"):
+                        new_ids += [i for out in sched.step() for i in out.new_output_ids]
+                with tracing.span("TokenizerManager.detokenize", tokens=len(new_ids)):
+                    tokenizer.decode(new_ids)
+    keep = ("http_server.", "TokenizerManager.", "Scheduler.", "TpModelWorker.", "ForwardBatch.init_new",
+            "ModelRunner.forward", "ModelRunner.sample", "model.forward", "Sampler.forward")
+    return [e for e in events if e["event"].startswith(keep) and e["event"] != "ModelRunner.forward.dispatch"]
