@@ -6,6 +6,10 @@ marker `<!-- concordance:generated -->`, which this hook replaces with every
 chapter's rows, grouped by chapter and then sorted by SGLang file. The page can
 therefore never disagree with the chapters, and tests/test_docs.py checks the
 chapters' rows against the SGLang index.
+
+The Chinese edition (mkdocs-static-i18n builds it after the English one) gets the same
+page from `concordance.zh.md`: there each chapter's rows come from its `.zh.md` where one
+exists, and the headings and chapter titles are the Chinese ones.
 """
 
 from __future__ import annotations
@@ -58,27 +62,64 @@ def _chapters(config) -> list[tuple[str, str]]:
     return out
 
 
-def _render(config) -> str:
+# The generated page's own words, per language of the edition.
+_LABELS = {
+    "en": {
+        "by_chapter": "By chapter",
+        "by_file": "By SGLang file",
+        "by_file_intro": "Read this table from the right if you arrive from SGLang with a file open.",
+        "sglang": "SGLang at 64bca53",
+        "compare": "What to compare",
+        "chapter": "Chapter",
+    },
+    "zh": {
+        "by_chapter": "按章节",
+        "by_file": "按 SGLang 文件",
+        "by_file_intro": "如果你是从 SGLang 那边拿着一个打开的文件过来的，从右往左读这张表。",
+        "sglang": "SGLang（64bca53）",
+        "compare": "对照要点",
+        "chapter": "章节",
+    },
+}
+
+
+def _nav_translations(config, locale: str) -> dict[str, str]:
+    plugin = config["plugins"].get("i18n")
+    for language in plugin.config.languages if plugin else []:
+        if language.locale == locale:
+            return language.nav_translations or {}
+    return {}
+
+
+def _render(config, locale: str = "en") -> str:
     docs = Path(config["docs_dir"])
+    words = _LABELS[locale]
+    titles = _nav_translations(config, locale) if locale != "en" else {}
     by_chapter: list[str] = []
     by_file: list[tuple[str, int, str, str, str]] = []
     for title, rel in _chapters(config):
-        rows = concordance_rows((docs / rel).read_text(encoding="utf-8"))
+        source = docs / rel
+        localized = source.with_suffix(f".{locale}.md")
+        if locale != "en" and localized.is_file():
+            source = localized
+        title = titles.get(title, title)
+        rows = concordance_rows(source.read_text(encoding="utf-8"))
         if not rows:
             continue
         by_chapter.append(f"### [{title}]({rel})\n")
-        by_chapter.append("| minisgl | SGLang at 64bca53 | What to compare |")
+        by_chapter.append(f"| minisgl | {words['sglang']} | {words['compare']} |")
         by_chapter.append("|---|---|---|")
         for row in rows:
             minisgl, sglang, note = (row + ["", "", ""])[:3]
             by_chapter.append(f"| {minisgl} | {sglang} | {note} |")
             m = _SGLANG_REF.search(sglang)
             if m:
-                by_file.append((m.group(1), int(m.group(2)), sglang, minisgl, f"[{title.split(' — ')[0]}]({rel})"))
+                short = re.split(r" —+ ", title)[0]
+                by_file.append((m.group(1), int(m.group(2)), sglang, minisgl, f"[{short}]({rel})"))
         by_chapter.append("")
-    lines = ["## By chapter\n", *by_chapter, "## By SGLang file\n"]
-    lines.append("Read this table from the right if you arrive from SGLang with a file open.\n")
-    lines.append("| SGLang at 64bca53 | minisgl | Chapter |")
+    lines = [f"## {words['by_chapter']}\n", *by_chapter, f"## {words['by_file']}\n"]
+    lines.append(f"{words['by_file_intro']}\n")
+    lines.append(f"| {words['sglang']} | minisgl | {words['chapter']} |")
     lines.append("|---|---|---|")
     for _, _, sglang, minisgl, chapter in sorted(by_file):
         lines.append(f"| {sglang} | {minisgl} | {chapter} |")
@@ -86,6 +127,7 @@ def _render(config) -> str:
 
 
 def on_page_markdown(markdown, page, config, files):
-    if page.file.src_uri == "concordance.md" and MARKER in markdown:
-        return markdown.replace(MARKER, _render(config))
+    if page.file.src_uri in ("concordance.md", "concordance.zh.md") and MARKER in markdown:
+        locale = "zh" if page.file.src_uri.endswith(".zh.md") else "en"
+        return markdown.replace(MARKER, _render(config, locale))
     return markdown
