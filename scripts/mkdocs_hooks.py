@@ -1,6 +1,10 @@
 """mkdocs hooks for the minisgl book (listed under `hooks:` in mkdocs.yml).
 
-One job: fill the concordance page. Each chapter ends with a concordance table
+Two jobs. In the Chinese edition's pages, a line break between two Chinese characters is
+removed: Markdown turns it into a space, which Chinese text does not have (Chromium keeps
+it), so the translations may wrap their source lines like the English pages do.
+
+The other job: fill the concordance page. Each chapter ends with a concordance table
 (header `| minisgl | SGLang at 64bca53 | ... |`); `docs/concordance.md` holds the
 marker `<!-- concordance:generated -->`, which this hook replaces with every
 chapter's rows, grouped by chapter and then sorted by SGLang file. The page can
@@ -126,7 +130,42 @@ def _render(config, locale: str = "en") -> str:
     return "\n".join(lines) + "\n"
 
 
+# Han characters and the CJK and full-width punctuation around them.
+_CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+_ENDS_CJK = re.compile(rf"[{_CJK}]$")
+_STARTS_CJK = re.compile(rf"^[ \t]*[{_CJK}]")
+_ANY_FENCE = re.compile(r"^[ \t]*(```|~~~)")
+
+
+def join_cjk_lines(markdown: str) -> str:
+    """Join a paragraph's lines where one ends and the next begins with a Chinese character.
+
+    Code blocks and headings are left as they are; so is every other line break.
+    """
+    out: list[str] = []
+    fence: str | None = None
+    for line in markdown.split("\n"):
+        m = _ANY_FENCE.match(line)
+        if m and fence is None:
+            fence = m.group(1)
+        elif m and m.group(1) == fence:
+            fence = None
+        elif (
+            fence is None
+            and out
+            and _STARTS_CJK.match(line)
+            and _ENDS_CJK.search(out[-1])
+            and not out[-1].lstrip().startswith("#")
+        ):
+            out[-1] += line.lstrip()
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri.endswith(".zh.md"):
+        markdown = join_cjk_lines(markdown)
     if page.file.src_uri in ("concordance.md", "concordance.zh.md") and MARKER in markdown:
         locale = "zh" if page.file.src_uri.endswith(".zh.md") else "en"
         return markdown.replace(MARKER, _render(config, locale))

@@ -45,6 +45,7 @@ def english_page(path: str) -> str:
     """The English page a page translates (itself for an English page)."""
     return TRANSLATED.sub(".md", path)
 
+
 # ---------------------------------------------------------------------------------------
 # Markdown reading
 # ---------------------------------------------------------------------------------------
