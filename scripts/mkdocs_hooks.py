@@ -130,17 +130,22 @@ def _render(config, locale: str = "en") -> str:
     return "\n".join(lines) + "\n"
 
 
-# Han characters and the CJK and full-width punctuation around them.
-_CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
-_ENDS_CJK = re.compile(rf"[{_CJK}]$")
-_STARTS_CJK = re.compile(rf"^[ \t]*[{_CJK}]")
+# Han characters, and the CJK and full-width punctuation that carries its own spacing.
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff"
+_CJK_PUNCT = "\u3000-\u303f\uff00-\uffef"
+_ENDS_HAN = re.compile(rf"[{_HAN}]$")
+_ENDS_PUNCT = re.compile(rf"[{_CJK_PUNCT}]$")
+_STARTS_HAN = re.compile(rf"^[ \t]*[\[*_]*[{_HAN}{_CJK_PUNCT}]")
+# Lines that open a block of their own (a list item, a table row, a heading, ...): never joined.
+_BLOCK_START = re.compile(r"^[ \t]*(?:[-*+] |\d+\. |\||#|>|:[ \t]|!!!|```|~~~|<|$)")
 _ANY_FENCE = re.compile(r"^[ \t]*(```|~~~)")
 
 
 def join_cjk_lines(markdown: str) -> str:
-    """Join a paragraph's lines where one ends and the next begins with a Chinese character.
+    """Join a paragraph's wrapped lines where the break falls inside Chinese text.
 
-    Code blocks and headings are left as they are; so is every other line break.
+    A break is removed after full-width punctuation, and between two Han characters (a link or
+    emphasis may open the next line). Code blocks, headings and block starts are left alone.
     """
     out: list[str] = []
     fence: str | None = None
@@ -153,9 +158,9 @@ def join_cjk_lines(markdown: str) -> str:
         elif (
             fence is None
             and out
-            and _STARTS_CJK.match(line)
-            and _ENDS_CJK.search(out[-1])
-            and not out[-1].lstrip().startswith("#")
+            and not _BLOCK_START.match(line)
+            and not out[-1].lstrip().startswith(("#", "|"))
+            and (_ENDS_PUNCT.search(out[-1]) or (_ENDS_HAN.search(out[-1]) and _STARTS_HAN.match(line)))
         ):
             out[-1] += line.lstrip()
             continue

@@ -100,6 +100,8 @@ def nav_pages() -> list[str]:
 # The editions: locale -> URL prefix (mkdocs.yml's i18n plugin).
 EDITIONS = {"en": "", "zh": "zh/"}
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+_HEADING_ID = re.compile(r'<h[1-6] id="([^"]+)"')
+_ANY_ID = re.compile(r'\bid="([^"]+)"')
 _CJK_SPACE = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef] [\u3400-\u4dbf\u4e00-\u9fff]")
 
 
@@ -128,6 +130,15 @@ def test_site_builds_strict_and_offline(site):
             assert f'<html lang="{locale}"' in text, f"{prefix}{stem}: not marked as {locale}"
             # The language switcher links every page to both editions.
             assert all(f'hreflang="{other}"' in text for other in EDITIONS), f"{prefix}{stem}: no language switcher"
+    # A translated page keeps the English page's heading anchors ({#id} in the .zh.md), so a link to
+    # page.md#anchor lands in either edition, whichever of them the linking page is in.
+    for md in pages:
+        if page_source(md, "zh").name.endswith(".zh.md"):
+            stem = md[: -len(".md")]
+            html = "index.html" if stem == "index" else f"{stem}/index.html"
+            english = set(_HEADING_ID.findall((site / html).read_text(encoding="utf-8")))
+            missing = english - set(_ANY_ID.findall((site / "zh" / html).read_text(encoding="utf-8")))
+            assert not missing, f"zh/{md} lacks the English page's heading anchors {sorted(missing)}"
     # Search has one index for both editions, the Chinese pages split into words (jieba).
     search = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
     assert set(search["config"]["lang"]) >= set(EDITIONS)
