@@ -1,19 +1,11 @@
 """mkdocs hooks for the minisgl book (listed under `hooks:` in mkdocs.yml).
 
-Two jobs. In the Chinese edition's pages, a line break between two Chinese characters is
-removed: Markdown turns it into a space, which Chinese text does not have (Chromium keeps
-it), so the translations may wrap their source lines like the English pages do.
-
-The other job: fill the concordance page. Each chapter ends with a concordance table
+One job: fill the concordance page. Each chapter ends with a concordance table
 (header `| minisgl | SGLang at 64bca53 | ... |`); `docs/concordance.md` holds the
 marker `<!-- concordance:generated -->`, which this hook replaces with every
 chapter's rows, grouped by chapter and then sorted by SGLang file. The page can
 therefore never disagree with the chapters, and tests/test_docs.py checks the
 chapters' rows against the SGLang index.
-
-The Chinese edition (mkdocs-static-i18n builds it after the English one) gets the same
-page from `concordance.zh.md`: there each chapter's rows come from its `.zh.md` where one
-exists, and the headings and chapter titles are the Chinese ones.
 """
 
 from __future__ import annotations
@@ -66,7 +58,9 @@ def _chapters(config) -> list[tuple[str, str]]:
     return out
 
 
-# The generated page's own words, per language of the edition.
+# The Chinese edition (mkdocs-static-i18n builds it after the English one) gets the same page
+# from `concordance.zh.md`: each chapter's rows come from its `.zh.md` where one exists, and the
+# headings and chapter titles are the Chinese ones. These are the generated page's own words.
 _LABELS = {
     "en": {
         "by_chapter": "By chapter",
@@ -130,7 +124,10 @@ def _render(config, locale: str = "en") -> str:
     return "\n".join(lines) + "\n"
 
 
-# Han characters, and the CJK and full-width punctuation that carries its own spacing.
+# In the Chinese edition's pages a line break inside Chinese text is removed: Markdown turns it
+# into a space, which Chinese does not have (Chromium keeps it), so the translations may wrap
+# their source lines like the English pages. Han characters, and the CJK and full-width
+# punctuation that carries its own spacing:
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff"
 _CJK_PUNCT = "\u3000-\u303f\uff00-\uffef"
 _ENDS_HAN = re.compile(rf"[{_HAN}]$")
