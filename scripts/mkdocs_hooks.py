@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from markdown.extensions.toc import slugify
+
 MARKER = "<!-- concordance:generated -->"
 _FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
 _SGLANG_REF = re.compile(r"python/sglang/srt/([\w/]+\.py):(\d+)")
@@ -89,22 +91,27 @@ def _nav_translations(config, locale: str) -> dict[str, str]:
     return {}
 
 
+def _anchor(english_heading: str, locale: str) -> str:
+    """A translated heading keeps the English heading's anchor, so links work in both editions."""
+    return "" if locale == "en" else f" {{#{slugify(english_heading, '-')}}}"
+
+
 def _render(config, locale: str = "en") -> str:
     docs = Path(config["docs_dir"])
     words = _LABELS[locale]
     titles = _nav_translations(config, locale) if locale != "en" else {}
     by_chapter: list[str] = []
     by_file: list[tuple[str, int, str, str, str]] = []
-    for title, rel in _chapters(config):
+    for english_title, rel in _chapters(config):
         source = docs / rel
         localized = source.with_suffix(f".{locale}.md")
         if locale != "en" and localized.is_file():
             source = localized
-        title = titles.get(title, title)
+        title = titles.get(english_title, english_title)
         rows = concordance_rows(source.read_text(encoding="utf-8"))
         if not rows:
             continue
-        by_chapter.append(f"### [{title}]({rel})\n")
+        by_chapter.append(f"### [{title}]({rel}){_anchor(english_title, locale)}\n")
         by_chapter.append(f"| minisgl | {words['sglang']} | {words['compare']} |")
         by_chapter.append("|---|---|---|")
         for row in rows:
@@ -115,7 +122,11 @@ def _render(config, locale: str = "en") -> str:
                 short = re.split(r" —+ ", title)[0]
                 by_file.append((m.group(1), int(m.group(2)), sglang, minisgl, f"[{short}]({rel})"))
         by_chapter.append("")
-    lines = [f"## {words['by_chapter']}\n", *by_chapter, f"## {words['by_file']}\n"]
+    lines = [
+        f"## {words['by_chapter']}{_anchor(_LABELS['en']['by_chapter'], locale)}\n",
+        *by_chapter,
+        f"## {words['by_file']}{_anchor(_LABELS['en']['by_file'], locale)}\n",
+    ]
     lines.append(f"{words['by_file_intro']}\n")
     lines.append(f"| {words['sglang']} | minisgl | {words['chapter']} |")
     lines.append("|---|---|---|")

@@ -102,7 +102,8 @@ EDITIONS = {"en": "", "zh": "zh/"}
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _HEADING_ID = re.compile(r'<h[1-6] id="([^"]+)"')
 _ANY_ID = re.compile(r'\bid="([^"]+)"')
-_CJK_SPACE = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef] [\u3400-\u4dbf\u4e00-\u9fff]")
+_CJK_CHAR = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+_CJK_BREAK = re.compile(rf"[{_CJK_CHAR}][ \t]*\n[ \t]*[{_CJK_CHAR}]")
 
 
 def page_url(base: str, md: str, locale: str = "en") -> str:
@@ -344,13 +345,14 @@ def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
                     article = browser.evaluate("document.querySelector('article').innerText") or ""
                     if len(_CJK.findall(article)) < 50:
                         problems.append(f"{where}: translated, but the page shows little Chinese")
-                    # Chinese puts no space between characters; a wrapped source line must not add one.
+                    # Chinese puts no space between characters, and a browser shows a line break in the
+                    # HTML as one: a wrapped source line must not leave a break inside Chinese text.
                     prose = browser.evaluate(
-                        "Array.from(document.querySelectorAll('article p')).map(p => p.innerText).join('\\n')"
+                        "Array.from(document.querySelectorAll('article p')).map(p => p.textContent).join('\\n\\n')"
                     )
-                    spaced = _CJK_SPACE.findall(prose or "")
-                    if spaced:
-                        problems.append(f"{where}: a space between Chinese characters: {spaced[:3]}")
+                    broken = _CJK_BREAK.findall(prose or "")
+                    if broken:
+                        problems.append(f"{where}: a line break (shown as a space) inside Chinese text: {broken[:3]}")
             states = browser.evaluate(_DIAGRAMS) or []
             expected = len(re.findall(r"^\s*```mermaid\s*$", source.read_text(encoding="utf-8"), flags=re.M))
             if len(states) != expected:
