@@ -564,6 +564,23 @@ def test_every_claim_is_on_the_map_and_in_a_chapter():
     assert in_chapters == set(CLAIMS), f"no chapter states claims {sorted(set(CLAIMS) - in_chapters)}"
 
 
+def test_every_translation_has_its_english_page():
+    """mkdocs-static-i18n serves page.zh.md at /zh/page/ only as the translation of page.md."""
+    orphans = [p for p in PAGES if TRANSLATED.search(p) and english_page(p) not in PAGES]
+    assert not orphans, f"translations without an English page: {orphans}"
+
+
+def test_translations_keep_the_claims():
+    """A translated page states the same claims as its English page, with the same test files."""
+    problems = []
+    for path in [p for p in PAGES if TRANSLATED.search(p) and english_page(p) in PAGES]:
+        ours = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(path)}
+        theirs = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(english_page(path))}
+        if ours != theirs:
+            problems.append(f"{path}: claims {sorted(ours ^ theirs)} differ from {english_page(path)}")
+    assert not problems, "\n".join(problems)
+
+
 # ---------------------------------------------------------------------------------------
 # SGLang references and concordance tables
 # ---------------------------------------------------------------------------------------
@@ -673,19 +690,3 @@ def test_every_chapter_is_in_the_nav():
     missing = [p for p in PAGES if not TRANSLATED.search(p) and f" {p}" not in nav]
     assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
 
-
-def test_every_translation_has_its_english_page():
-    """mkdocs-static-i18n serves page.zh.md at /zh/page/ only as the translation of page.md."""
-    orphans = [p for p in PAGES if TRANSLATED.search(p) and english_page(p) not in PAGES]
-    assert not orphans, f"translations without an English page: {orphans}"
-
-
-def test_translations_keep_the_claims():
-    """A translated page states the same claims as its English page, with the same test files."""
-    problems = []
-    for path in [p for p in PAGES if TRANSLATED.search(p) and english_page(p) in PAGES]:
-        ours = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(path)}
-        theirs = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(english_page(path))}
-        if ours != theirs:
-            problems.append(f"{path}: claims {sorted(ours ^ theirs)} differ from {english_page(path)}")
-    assert not problems, "\n".join(problems)
