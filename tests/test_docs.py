@@ -689,4 +689,3 @@ def test_every_chapter_is_in_the_nav():
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
     missing = [p for p in PAGES if not TRANSLATED.search(p) and f" {p}" not in nav]
     assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
-
