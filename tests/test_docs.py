@@ -33,8 +33,18 @@ PKG = REPO / "minisgl"
 SGLANG_INDEX = DOCS / "reference" / "sglang-index-64bca53.json"  # made by scripts/make_sglang_index.py
 CLAIMS = range(1, 13)
 
+# Every page of both editions: the Chinese page.zh.md beside page.md is checked like the English one.
 PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
 CHAPTERS = [p for p in PAGES if p.startswith("chapters/")]
+TRANSLATED = re.compile(r"\.zh\.md$")
+# The claims table's first and last header cells, in each edition.
+CLAIM_HEADERS = {("Claim", "Test"), ("论断", "测试")}
+
+
+def english_page(path: str) -> str:
+    """The English page a page translates (itself for an English page)."""
+    return TRANSLATED.sub(".md", path)
+
 
 # ---------------------------------------------------------------------------------------
 # Markdown reading
@@ -314,7 +324,7 @@ def _sglang_cells(page: Page) -> dict[int, set[str]]:
 def _claim_test_lines(page: Page) -> set[int]:
     lines = set()
     for _, rows in page.tables():
-        if rows[0][1][0] == "Claim" and rows[0][1][-1] == "Test":
+        if (rows[0][1][0], rows[0][1][-1]) in CLAIM_HEADERS:
             lines.update(n for n, _ in rows[1:])
     return lines
 
@@ -495,7 +505,7 @@ def claim_rows(path: str) -> list[ClaimRow]:
     out = []
     for _, rows in load(path).tables():
         header = rows[0][1]
-        if header[0] != "Claim" or header[-1] != "Test":
+        if (header[0], header[-1]) not in CLAIM_HEADERS:
             continue
         for line, cells in rows[1:]:
             m = re.fullmatch(r"\**C(\d{1,2})\**", cells[0])
@@ -515,7 +525,7 @@ def test_claims_cite_existing_tests(path):
     # A chapter (or the map) that mentions a claim states it in a claims table on the same page;
     # other pages (the task pages, the glossary) may name claims without restating them.
     tabled = {r.claim for r in rows}
-    cites = path in CHAPTERS or path == "index.md"
+    cites = path in CHAPTERS or english_page(path) == "index.md"
     for i, line in enumerate(page.prose if cites else [], 1):
         text = _R_CLAIM_RANGE.sub("", _SPAN.sub("", line))
         for m in _R_CLAIM_ID.finditer(text):
@@ -553,6 +563,23 @@ def test_every_claim_is_on_the_map_and_in_a_chapter():
     in_chapters = {r.claim for p in CHAPTERS for r in claim_rows(p)}
     assert on_map == set(CLAIMS), f"index.md lacks claims {sorted(set(CLAIMS) - on_map)}"
     assert in_chapters == set(CLAIMS), f"no chapter states claims {sorted(set(CLAIMS) - in_chapters)}"
+
+
+def test_every_translation_has_its_english_page():
+    """mkdocs-static-i18n serves page.zh.md at /zh/page/ only as the translation of page.md."""
+    orphans = [p for p in PAGES if TRANSLATED.search(p) and english_page(p) not in PAGES]
+    assert not orphans, f"translations without an English page: {orphans}"
+
+
+def test_translations_keep_the_claims():
+    """A translated page states the same claims as its English page, with the same test files."""
+    problems = []
+    for path in [p for p in PAGES if TRANSLATED.search(p) and english_page(p) in PAGES]:
+        ours = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(path)}
+        theirs = {(r.claim, tuple(r.tests), r.planned) for r in claim_rows(english_page(path))}
+        if ours != theirs:
+            problems.append(f"{path}: claims {sorted(ours ^ theirs)} differ from {english_page(path)}")
+    assert not problems, "\n".join(problems)
 
 
 # ---------------------------------------------------------------------------------------
@@ -635,7 +662,7 @@ def test_concordance_page_is_generated():
 
 def test_every_chapter_is_in_the_nav():
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
-    missing = [p for p in PAGES if f" {p}" not in nav]
+    missing = [p for p in PAGES if not TRANSLATED.search(p) and f" {p}" not in nav]
     assert not missing, f"pages missing from mkdocs.yml nav: {missing}"
 
 

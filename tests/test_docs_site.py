@@ -1,16 +1,24 @@
 """The rendered book: `mkdocs build --strict` passes, and every page renders in a browser.
 
-The build runs offline into a temporary folder. The browser test serves that folder on a
-free 127.0.0.1 port, drives Debian's headless `chromium` over the Chrome DevTools protocol
-(a small client on `websocket-client`), and for every page in the nav checks that:
+The site has two editions (mkdocs-static-i18n): English at /, Chinese at /zh/, where a page
+with no `page.zh.md` yet is shown in English. The build runs offline into a temporary
+folder. The browser test serves that folder on a free 127.0.0.1 port, drives Debian's
+headless `chromium` over the Chrome DevTools protocol (a small client on
+`websocket-client`), and for every page in the nav, in both editions, checks that:
 
+- the page was served (HTTP 200) in its edition's language (`<html lang>`), and a page of the
+  Chinese edition shows Chinese: its nav always, its text where the page is translated;
 - each Mermaid diagram became an <svg> (and not Mermaid's "Syntax error" picture);
 - the console logged no error and no script threw;
 - nothing was fetched from anywhere but the local server (no CDN, no web fonts).
 
-It also writes a screenshot of the ModelRunner chapter to artifacts/docs/model_runner.png.
-The browser test skips, saying so, when chromium is not installed
-(`apt-get install -y chromium`); the lead's CI script installs it.
+On the Chinese glossary it checks that the Chinese really renders as glyphs: the font
+Chromium used for the heading is a Noto CJK face, and distinct characters drawn with the
+page's font give distinct pictures, none of them the missing-glyph box. It saves a
+screenshot of that page in the test's temporary folder (the path is printed) and one of the
+ModelRunner chapter in artifacts/docs/model_runner.png. Search finds a page in each edition.
+The browser tests skip, saying so, when chromium is not installed; `scripts/setup.sh --dev`
+installs it and the CJK font (fonts-noto-cjk).
 """
 
 from __future__ import annotations
@@ -89,19 +97,54 @@ def nav_pages() -> list[str]:
     return re.findall(r":\s+([\w/.-]+\.md)\s*$", nav, flags=re.M)
 
 
-def page_url(base: str, md: str) -> str:
-    # use_directory_urls: chapters/model-runner.md -> chapters/model-runner/
+# The editions: locale -> URL prefix (mkdocs.yml's i18n plugin).
+EDITIONS = {"en": "", "zh": "zh/"}
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+_HEADING_ID = re.compile(r'<h[1-6] id="([^"]+)"')
+_ANY_ID = re.compile(r'\bid="([^"]+)"')
+_CJK_CHAR = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+_CJK_BREAK = re.compile(rf"[{_CJK_CHAR}][ \t]*\n[ \t]*[{_CJK_CHAR}]")
+
+
+def page_url(base: str, md: str, locale: str = "en") -> str:
+    # use_directory_urls: chapters/model-runner.md -> chapters/model-runner/ (zh/chapters/model-runner/)
     stem = md[: -len(".md")]
-    return f"{base}/" if stem == "index" else f"{base}/{stem}/"
+    prefix = EDITIONS[locale]
+    return f"{base}/{prefix}" if stem == "index" else f"{base}/{prefix}{stem}/"
+
+
+def page_source(md: str, locale: str = "en") -> Path:
+    """The Markdown a page of an edition is rendered from: its translation, else the English page."""
+    translated = REPO / "docs" / md.replace(".md", f".{locale}.md")
+    return translated if locale != "en" and translated.is_file() else REPO / "docs" / md
 
 
 def test_site_builds_strict_and_offline(site):
     pages = nav_pages()
     assert pages, "mkdocs.yml has no nav"
+    for locale, prefix in EDITIONS.items():
+        for md in pages:
+            stem = md[: -len(".md")]
+            html = site / prefix / ("index.html" if stem == "index" else f"{stem}/index.html")
+            assert html.is_file(), f"{md} was not rendered for the {locale} edition"
+            text = html.read_text(encoding="utf-8")
+            assert f'<html lang="{locale}"' in text, f"{prefix}{stem}: not marked as {locale}"
+            # The language switcher links every page to both editions.
+            assert all(f'hreflang="{other}"' in text for other in EDITIONS), f"{prefix}{stem}: no language switcher"
+    # A translated page keeps the English page's heading anchors ({#id} in the .zh.md), so a link to
+    # page.md#anchor lands in either edition, whichever of them the linking page is in.
     for md in pages:
-        stem = md[: -len(".md")]
-        html = site / ("index.html" if stem == "index" else f"{stem}/index.html")
-        assert html.is_file(), f"{md} was not rendered"
+        if page_source(md, "zh").name.endswith(".zh.md"):
+            stem = md[: -len(".md")]
+            html = "index.html" if stem == "index" else f"{stem}/index.html"
+            english = set(_HEADING_ID.findall((site / html).read_text(encoding="utf-8")))
+            missing = english - set(_ANY_ID.findall((site / "zh" / html).read_text(encoding="utf-8")))
+            assert not missing, f"zh/{md} lacks the English page's heading anchors {sorted(missing)}"
+    # Search has one index for both editions, the Chinese pages split into words (jieba).
+    search = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    assert set(search["config"]["lang"]) >= set(EDITIONS)
+    zh_entries = [d for d in search["docs"] if d["location"].startswith("zh/") and _CJK.search(d["text"])]
+    assert zh_entries, "the search index holds no page of the Chinese edition"
     index = (site / "index.html").read_text(encoding="utf-8")
     assert "fonts.googleapis.com" not in index, "theme.font must stay false: no web fonts"
     assert "assets/javascripts/mermaid.min.js" in index, "the vendored Mermaid is not loaded"
@@ -230,7 +273,7 @@ def browser():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
             targets = [t for t in json.load(r) if t.get("type") == "page"]
         tools = DevTools(targets[0]["webSocketDebuggerUrl"])
-        for domain in ("Page", "Runtime", "Log", "Network"):
+        for domain in ("Page", "Runtime", "Log", "Network", "DOM", "CSS"):
             tools.call(f"{domain}.enable")
         yield tools
         tools.close()
@@ -270,6 +313,11 @@ def _problems(tools: DevTools, base: str) -> list[str]:
             details = p.get("exceptionDetails", {})
             out.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
         elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            if p["entry"].get("url", "").endswith("/sitemap.xml"):
+                # Material's language switcher looks for a sitemap.xml beside each alternate page
+                # (<link rel=alternate>) to keep the reader on the same page; where there is none it
+                # just follows the link, so the miss is no fault of the page.
+                continue
             out.append(f"log error: {p['entry'].get('text')} {p['entry'].get('url', '')}")
         elif method == "Network.requestWillBeSent":
             url = p.get("request", {}).get("url", "")
@@ -278,33 +326,156 @@ def _problems(tools: DevTools, base: str) -> list[str]:
     return out
 
 
+def _document_status(tools: DevTools) -> int | None:
+    for e in tools.events:
+        p = e.get("params", {})
+        if e["method"] == "Network.responseReceived" and p.get("type") == "Document":
+            return p["response"]["status"]
+    return None
+
+
+def _screenshot(tools: DevTools, path: Path, bottom_js: str) -> None:
+    import base64
+
+    bottom = tools.evaluate(bottom_js)
+    clip = {"x": 0, "y": 0, "width": 1280, "height": min(int(bottom), 4000), "scale": 1}
+    shot = tools.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
 def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
     pages = nav_pages()
     problems = []
-    for md in pages:
-        browser.events.clear()
-        browser.call("Page.navigate", url=page_url(server, md))
-        browser.wait_for("Page.loadEventFired")
-        states = browser.evaluate(_DIAGRAMS) or []
-        source = (REPO / "docs" / md).read_text(encoding="utf-8")
-        expected = len(re.findall(r"^\s*```mermaid\s*$", source, flags=re.M))
-        if len(states) != expected:
-            problems.append(f"{md}: {expected} mermaid blocks in the source, {len(states)} diagrams on the page")
-        for i, s in enumerate(states):
-            if not s["svg"] or s["error"]:
-                problems.append(f"{md}: diagram {i + 1} did not render ({s})")
-        problems += [f"{md}: {p}" for p in _problems(browser, server)]
-        if md == "chapters/model-runner.md":
-            assert states, "the ModelRunner chapter should show its reading-order diagram"
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            import base64
-
-            # From the top of the page to the bottom of the reading-order diagram.
-            bottom = browser.evaluate(
-                "Math.ceil(document.querySelector('div.mermaid').getBoundingClientRect().bottom + window.scrollY + 24)"
-            )
-            clip = {"x": 0, "y": 0, "width": 1280, "height": min(int(bottom), 4000), "scale": 1}
-            shot = browser.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
-            SCREENSHOT.write_bytes(base64.b64decode(shot["data"]))
+    for locale, prefix in EDITIONS.items():
+        for md in pages:
+            where = f"{prefix}{md}"
+            browser.events.clear()
+            browser.call("Page.navigate", url=page_url(server, md, locale))
+            browser.wait_for("Page.loadEventFired")
+            status = _document_status(browser)
+            if status != 200:
+                problems.append(f"{where}: HTTP {status}")
+                continue
+            lang = browser.evaluate("document.documentElement.lang")
+            if lang != locale:
+                problems.append(f"{where}: <html lang={lang!r}>, expected {locale!r}")
+            source = page_source(md, locale)
+            if locale == "zh":
+                nav = browser.evaluate("document.querySelector('nav.md-nav--primary').innerText")
+                if not _CJK.search(nav or ""):
+                    problems.append(f"{where}: the navigation is not in Chinese")
+                if source.name.endswith(".zh.md"):
+                    article = browser.evaluate("document.querySelector('article').innerText") or ""
+                    if len(_CJK.findall(article)) < 50:
+                        problems.append(f"{where}: translated, but the page shows little Chinese")
+                    # Chinese puts no space between characters, and a browser shows a line break in the
+                    # HTML as one: a wrapped source line must not leave a break inside Chinese text.
+                    prose = browser.evaluate(
+                        "Array.from(document.querySelectorAll('article p')).map(p => p.textContent).join('\\n\\n')"
+                    )
+                    broken = _CJK_BREAK.findall(prose or "")
+                    if broken:
+                        problems.append(f"{where}: a line break (shown as a space) inside Chinese text: {broken[:3]}")
+            states = browser.evaluate(_DIAGRAMS) or []
+            expected = len(re.findall(r"^\s*```mermaid\s*$", source.read_text(encoding="utf-8"), flags=re.M))
+            if len(states) != expected:
+                problems.append(f"{where}: {expected} mermaid blocks in the source, {len(states)} diagrams on the page")
+            for i, s in enumerate(states):
+                if not s["svg"] or s["error"]:
+                    problems.append(f"{where}: diagram {i + 1} did not render ({s})")
+            problems += [f"{where}: {p}" for p in _problems(browser, server)]
+            if locale == "en" and md == "chapters/model-runner.md":
+                assert states, "the ModelRunner chapter should show its reading-order diagram"
+                # From the top of the page to the bottom of the reading-order diagram.
+                _screenshot(
+                    browser,
+                    SCREENSHOT,
+                    "Math.ceil(document.querySelector('div.mermaid').getBoundingClientRect().bottom"
+                    " + window.scrollY + 24)",
+                )
     assert not problems, "\n".join(problems)
     assert SCREENSHOT.is_file() and SCREENSHOT.stat().st_size > 10_000
+
+
+# Draw each character alone with the font the page's text uses, and read back the alpha
+# channel. Without a CJK font Chromium draws the same missing-glyph box (tofu) for every
+# character, or nothing; with one, distinct characters give distinct pictures. U+10FFFD is a
+# private-use code point that no font maps, so it always draws the missing glyph.
+_GLYPHS = """
+(() => {
+  const font = getComputedStyle(document.querySelector('article')).fontFamily;
+  const canvas = document.createElement('canvas');
+  canvas.width = 64; canvas.height = 64;
+  const ctx = canvas.getContext('2d');
+  const draw = (ch) => {
+    ctx.clearRect(0, 0, 64, 64);
+    ctx.font = `48px ${font}`;
+    ctx.textBaseline = 'top';
+    ctx.fillText(ch, 4, 4);
+    const alpha = ctx.getImageData(0, 0, 64, 64).data.filter((_, i) => i % 4 === 3);
+    return Array.from(alpha).join(',');
+  };
+  const tofu = draw('\\u{10FFFD}');
+  const glyphs = Array.from(CHARS).map(draw);
+  return {
+    font,
+    distinct: new Set(glyphs).size,
+    tofu: glyphs.filter((g) => g === tofu).length,
+    blank: glyphs.filter((g) => !/[1-9]/.test(g)).length,
+  };
+})()
+"""
+_SAMPLE = "术语汇合点执行壳调度"
+
+
+def test_chinese_renders_as_glyphs(server, browser, tmp_path_factory):
+    browser.events.clear()
+    browser.call("Page.navigate", url=page_url(server, "glossary.md", "zh"))
+    browser.wait_for("Page.loadEventFired")
+    browser.evaluate("document.fonts.ready.then(() => true)")
+    heading = browser.evaluate("document.querySelector('article h1').textContent")
+    assert _CJK.search(heading or ""), f"the Chinese glossary's heading is {heading!r}"
+
+    # The font Chromium really used for the heading's characters.
+    root = browser.call("DOM.getDocument", depth=0)["root"]["nodeId"]
+    node = browser.call("DOM.querySelector", nodeId=root, selector="article h1")["nodeId"]
+    fonts = browser.call("CSS.getPlatformFontsForNode", nodeId=node)["fonts"]
+    used = max(fonts, key=lambda f: f["glyphCount"])["familyName"] if fonts else None
+    assert used and "CJK" in used, f"the heading is drawn with {fonts}, not Noto CJK (apt install fonts-noto-cjk)"
+
+    glyphs = browser.evaluate(_GLYPHS.replace("CHARS", json.dumps(_SAMPLE)))
+    assert "Noto Sans CJK SC" in glyphs["font"], f"the page's fonts do not name Noto Sans CJK SC: {glyphs['font']}"
+    assert glyphs["blank"] == 0 and glyphs["tofu"] == 0, f"some characters draw nothing or a box: {glyphs}"
+    assert glyphs["distinct"] == len(_SAMPLE), f"characters share one picture (missing glyphs): {glyphs}"
+
+    shot = tmp_path_factory.mktemp("zh") / "glossary_zh.png"
+    _screenshot(browser, shot, "Math.ceil(document.querySelector('article table').getBoundingClientRect().bottom + 24)")
+    print(f"screenshot of the Chinese glossary: {shot}")
+    assert shot.stat().st_size > 10_000
+
+
+_SEARCH = """
+(async (query) => {
+  const input = document.querySelector('input.md-search__input');
+  input.focus();
+  input.value = query;
+  input.dispatchEvent(new Event('input', {bubbles: true}));
+  input.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true}));
+  const deadline = Date.now() + 15000;
+  const hits = () => Array.from(document.querySelectorAll('.md-search-result__item a')).map(a => a.href);
+  while (Date.now() < deadline && hits().length === 0) {
+    await new Promise(r => setTimeout(r, 100));
+  }
+  return hits();
+})
+"""
+
+
+@pytest.mark.parametrize("locale,query,page", [("en", "convergence", "glossary/"), ("zh", "汇合点", "zh/glossary/")])
+def test_search_finds_pages_in_each_edition(server, browser, locale, query, page):
+    browser.events.clear()
+    browser.call("Page.navigate", url=page_url(server, "index.md", locale))
+    browser.wait_for("Page.loadEventFired")
+    hits = browser.evaluate(f"{_SEARCH.strip()}({json.dumps(query)})") or []
+    assert any(h.startswith(f"{server}/{page}") for h in hits), f"searching {query!r} found {hits[:10]}"
