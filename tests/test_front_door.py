@@ -130,3 +130,14 @@ def test_minisgl_engine_is_the_engine(tiny_llama):
     assert minisgl.Engine is Engine
     with minisgl.Engine(model_path=tiny_llama, max_total_tokens=256) as e:
         assert e.generate(input_ids=[5, 6], sampling_params=GREEDY)["meta_info"]["completion_tokens"] == 6
+
+
+def test_a_rid_in_flight_is_refused_and_free_once_its_end_is_reported(engine):
+    chunks = engine.generate("The river", {**GREEDY, "max_new_tokens": 50}, stream=True, rid="mine")
+    next(chunks)
+    with pytest.raises(ValueError, match="'mine' is already in use"):
+        engine.generate("The river", GREEDY, rid="mine")
+    chunks.close()  # aborts it; the scheduler reports the abort at its next step
+    engine.generate("Another prompt", GREEDY)
+    out = engine.generate("The river", GREEDY, rid="mine")
+    assert out["meta_info"]["id"] == "mine" and out["meta_info"]["completion_tokens"] == 6

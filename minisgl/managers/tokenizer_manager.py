@@ -145,7 +145,14 @@ class TokenizerManager:
             if msg is _SHUTDOWN:
                 return False
             if isinstance(msg, _GenerateMsg):
-                self.scheduler.handle_generate_request(msg.req)
+                try:
+                    self.scheduler.handle_generate_request(msg.req)
+                except Exception as e:  # this request's fault (validation should have caught it): it alone fails
+                    logger.exception("request %s could not be queued", msg.req.rid)
+                    with self._lock:
+                        state = self._routes.pop(msg.req.rid, None)
+                    if state is not None:
+                        state.put(RuntimeError(f"the request could not be queued: {e!r}"))
             elif isinstance(msg, AbortReq):
                 self.scheduler.abort_request(msg.rid)
             else:
@@ -225,9 +232,9 @@ class TokenizerManager:
         its KV freed."""
         reqs = await self._tokenize(obj)
         state = ReqState(asyncio.get_running_loop() if self._thread is not None else None)
+        self._claim_rids(reqs)  # before the try: a refused rid must not abort its owner's request
         run = GenerateRun(self.tokenizer, obj, reqs, self.abort_request)
         try:
-            self._claim_rids(reqs)
             for req in reqs:
                 self._send(_GenerateMsg(req), state)
             while run.pending:

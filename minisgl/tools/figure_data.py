@@ -105,8 +105,7 @@ def expert_heat(qwen3_moe: str) -> dict:
     engine = _engine(qwen3_moe, max_total_tokens=256, expert_distribution_recorder_mode="stat")
     engine.start_expert_distribution_record()
     prompts = [[5, 6, 7, 8, 9], [20, 21, 22], [40, 41, 42, 43], [60, 61]]
-    engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
-                    show_progress=False)
+    engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 6, "ignore_eos": True})
     engine.stop_expert_distribution_record()
     dump = engine.dump_expert_distribution_record()
     return {"mode": dump["mode"], "stat": dump["stat"].tolist()}
@@ -132,7 +131,7 @@ def extend_attention(llama: str) -> dict:
 
     runner.attn_backend.init_forward_metadata = record
     engine.generate(input_ids=[[10, 11, 12, 13, 30, 31], [50, 51, 52]],
-                    sampling_params={"temperature": 0, "max_new_tokens": 1}, show_progress=False)
+                    sampling_params={"temperature": 0, "max_new_tokens": 1})
     return {"requests": seen[0]}
 
 
