@@ -163,10 +163,12 @@ def test_c12_draft_is_built_after_the_target_and_each_round_drafts_then_verifies
 def test_c12_refuses_what_it_cannot_do_exactly(drafts):
     target = tiny_model_dir("llama")
     spec = _spec(target, drafts["llama"])
-    out = spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
-    assert "logprobs" in out["meta_info"]["finish_reason"]["message"]
-    out = spec.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "frequency_penalty": 0.5})
-    assert "penalties" in out["meta_info"]["finish_reason"]["message"]
+    # Refused at the front door, before anything is queued.
+    with pytest.raises(ValueError, match="logprobs"):
+        spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
+    with pytest.raises(ValueError, match="penalties"):
+        spec.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "frequency_penalty": 0.5})
+    assert spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["meta_info"]["completion_tokens"] > 0
     with pytest.raises(ValueError, match="page_size 1"):
         ServerArgs(
             model_path=target, speculative_algorithm="STANDALONE", speculative_draft_model_path=target, page_size=4

@@ -95,7 +95,7 @@ def test_parity_tiny_paged(page_size):
 
 def test_parity_smollm2(smollm2):
     """The real checkpoint, kept short for the default suite (HF's own generate dominates)."""
-    _check_parity(smollm2, PROMPTS[:3], max_new_tokens=8)
+    _check_parity(smollm2, PROMPTS[:6], max_new_tokens=8)
 
 
 @pytest.mark.slow

@@ -37,7 +37,6 @@ class GroupCoordinator:
         # Objects are pickled into CPU byte tensors, which nccl cannot carry.
         self.cpu_group = self.device_group if backend == "gloo" else dist.new_group(ranks, backend="gloo")
 
-    @property
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return x
