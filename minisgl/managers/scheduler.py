@@ -91,6 +91,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
         self.last_batch: Optional[ScheduleBatch] = None
+        self.cur_batch: Optional[ScheduleBatch] = None  # the batch this step prepares, runs and accounts for
         self.outputs: list[ReqOutput] = []
         self.num_retracted_reqs = 0
         # Prefix-cache statistics: prompt tokens seen, and how many were served from the cache.
@@ -235,7 +236,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             return None
         admitted = set(map(id, adder.can_run_list))
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
-        batch = self._new_batch(adder.can_run_list)
+        batch = self.cur_batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
         return batch
 
@@ -254,6 +255,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 batch.filter_batch()
                 return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        self.cur_batch = batch
         batch.prepare_for_decode()
         return batch
 
@@ -292,6 +294,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
             "evictable_tokens": self.tree_cache.evictable_size(),
             "available_kv_tokens": self.token_to_kv_pool_allocator.available_size(),
             "max_total_num_tokens": self.worker_info.max_total_num_tokens,
+            # Request-slot occupancy (rows of req_to_token): a leak shows as used slots while idle.
+            "available_req_slots": self.req_to_token_pool.available_size(),
+            "max_req_slots": self.req_to_token_pool.size,
         }
 
     def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
@@ -305,14 +310,37 @@ class Scheduler(SchedulerOutputProcessorMixin):
     # ---- the loop --------------------------------------------------------------------------
 
     def step(self) -> list[ReqOutput]:
-        """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account."""
-        batch = self.get_next_batch_to_run()
-        if batch is not None:
-            result = self.run_batch(batch)
-            self.process_batch_result(batch, result)
-            self.last_batch = batch
+        """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
+
+        Fault isolation, a second line behind request validation: an exception while a
+        batch is prepared, run or accounted for ends that batch's requests with the error
+        and frees their KV; the other requests go on. One raised outside any batch cannot
+        be attributed, so it propagates (SGLang's scheduler dies on any exception)."""
+        self.cur_batch = None
+        try:
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
+                result = self.run_batch(batch)
+                self.process_batch_result(batch, result)
+                self.last_batch = batch
+        except Exception as e:
+            if self.cur_batch is None:
+                raise
+            logger.exception("a batch failed; its requests are aborted")
+            self.abort_failed_batch(self.cur_batch, e)
         outputs, self.outputs = self.outputs, []
         return outputs
+
+    def abort_failed_batch(self, batch: ScheduleBatch, error: Exception) -> None:
+        failed = [r for r in batch.reqs if self._rid_to_req.get(r.rid) is r]  # not yet finished and sent
+        batch.release_failed_reqs(failed)
+        for req in failed:
+            req.finished_reason = FINISH_ABORT(f"internal error: {type(error).__name__}: {error}")
+            self._rid_to_req.pop(req.rid)
+            self._emit(req, [])
+        # A chunked request may be back in the queue; a decode batch is the running batch.
+        self.waiting_queue = [r for r in self.waiting_queue if not r.finished()]
+        self.running_batch.filter_batch()
 
     def is_idle(self) -> bool:
         return not self._rid_to_req
