@@ -114,3 +114,30 @@ def test_kv_pressure_completes_exactly_and_keeps_the_pool_accounted(
         assert meta["finish_reason"]["type"] == "length", meta
         assert done[f"r{i}"]["output_ids"] == expected, i
     assert_pool_whole(sched)
+
+
+WORDS = "the river runs past old stone walls where children play and merchants call out their prices".split()
+
+
+@pytest.mark.slow
+def test_100_long_requests_on_smollm2s_default_pool(smollm2):
+    """The issue's load: 100 requests of 300 words and 300 new tokens, radix cache on, the
+    default pool. All complete; a sample's greedy outputs equal solo runs (all 100 solo would
+    take 30,000 more decode steps); the accounting holds at every step; the pool is whole."""
+    engine = Engine(model_path=smollm2)
+    sched = engine.scheduler
+    prompts = []
+    for i in range(100):
+        rng = random.Random(i)
+        prompts.append(engine.tokenizer.encode(" ".join(rng.choice(WORDS) for _ in range(300))))
+    params = {**GREEDY, "max_new_tokens": 300}
+    reqs = [
+        TokenizedGenerateReqInput(f"r{i}", None, p, SamplingParams(**params)) for i, p in enumerate(prompts)
+    ]
+    done = run_checked(sched, reqs)
+    assert all(d["meta_info"]["finish_reason"]["type"] == "length" for d in done.values())
+    print(f"pool {sched.worker_info.max_total_num_tokens} tokens, {sched.num_retracted_reqs} retractions")
+    assert_pool_whole(sched)
+    solo = Engine(model_path=smollm2, disable_radix_cache=True)
+    for i in (0, 37, 99):
+        assert solo.generate(input_ids=prompts[i], sampling_params=params)["output_ids"] == done[f"r{i}"]["output_ids"]

@@ -120,7 +120,7 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:  # NaN fails every comparison, so it is refused here
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != TOP_K_ALL and not 1 <= self.top_k <= vocab_size:
-            raise ValueError(f"top_k must be -1 (disable) or in [1, {vocab_size}], the vocabulary; got {self.top_k:.3g}")
+            raise ValueError(f"top_k must be -1 (disable) or in [1, {vocab_size}], got {self.top_k:.3g}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
