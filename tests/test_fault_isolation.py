@@ -119,6 +119,20 @@ def test_a_failure_while_preparing_frees_the_slots_it_allocated(engine, referenc
     assert drain(sched, {})["b"][0] == reference["b"]
 
 
+def test_a_failure_before_a_request_has_a_row_unlocks_its_cached_prefix(engine, reference, monkeypatch):
+    """Admission locked the cached prefix; the batch failed before req_to_token gave it a row."""
+    sched = engine.scheduler
+    submit(sched, "a")
+    drain(sched, {})  # a's KV is now cached
+    fail_once(monkeypatch, sched.req_to_token_pool, "alloc")
+    submit(sched, "a")
+    outputs = drain(sched, {})
+    assert outputs["a"][1]["type"] == "abort"
+    assert_pool_whole(sched)  # nothing left locked
+    submit(sched, "a")
+    assert drain(sched, {})["a"][0] == reference["a"]
+
+
 def test_a_failure_while_processing_a_prefill_result(engine, reference, monkeypatch):
     sched = engine.scheduler
     fail_once(monkeypatch, sched.tree_cache, "cache_unfinished_req")

@@ -332,12 +332,12 @@ class ScheduleBatch:
         if self.out_cache_loc is not None and not self.out_cache_loc_written:
             owned.append(self.out_cache_loc)  # allocated, perhaps not yet recorded in any row
         for req in reqs:
-            if req.req_pool_idx is None:
-                continue
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-            owned.append(row[len(req.prefix_indices) : req.kv_len].to(torch.int64))
+            if req.req_pool_idx is not None:  # None: admitted, but the batch failed before it got a row
+                row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+                owned.append(row[len(req.prefix_indices) : req.kv_len].to(torch.int64))
+                self.req_to_token_pool.free(req.req_pool_idx)
+            # Locked at admission (PrefillAdder) or since moved on by cache_unfinished_req.
             self.tree_cache.dec_lock_ref(req.last_node)
-            self.req_to_token_pool.free(req.req_pool_idx)
             req.req_pool_idx, req.kv_len, req.last_node = None, 0, None
             req.prefix_indices = torch.empty(0, dtype=torch.int64)
         if owned:
