@@ -6,9 +6,9 @@ routes), the OpenAI routes (/v1/completions, /v1/chat/completions, /v1/models),
 the exception handlers that turn FastAPI's 422 into a 400, the API-key
 middleware (SGLang's utils/auth.py) and launch_server, which adds the defences of
 http_middleware.py (body and header limits, Host check, graceful SIGTERM). Control
-routes are POST-only, so a cross-site GET (an <img> tag) cannot flush the cache. SGLang keeps the app
-and its state in module globals; minisgl builds them in ``create_app``, so a
-test can run a server in-process. Errors use OpenAI's nested body
+routes are POST-only, so a cross-site GET (an <img> tag) cannot flush the cache.
+SGLang keeps the app and its state in module globals; minisgl builds them in
+``create_app``, so a test can run a server in-process. Errors use OpenAI's nested body
 ``{"error": {"message", "type", "code"}}`` everywhere. Omitted: weight
 updates, LoRA, sessions, profiling, metrics, embeddings, tokenize endpoints,
 the Ollama/SageMaker/Vertex routes, warm-up requests.
