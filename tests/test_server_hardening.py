@@ -175,42 +175,58 @@ def _stream(url: str, body: dict, events: list) -> None:
         events.append(("cut", repr(e)))
 
 
-def test_sigterm_drains_then_aborts_with_an_error_event_and_exits(tiny_llama, tmp_path):
-    log_path = tmp_path / "server.log"
-    proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "2")
-    long_params = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}
-    streams = [[] for _ in range(6)]
-    threads = [threading.Thread(target=_stream, args=(url, {"text": f"story {i}", "sampling_params": long_params}, ev))
+def _start_streams(url: str, n: int, max_new_tokens: int) -> tuple[list, list]:
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0}
+    streams = [[] for _ in range(n)]
+    threads = [threading.Thread(target=_stream, args=(url, {"text": f"story {i}", "sampling_params": params}, ev))
                for i, ev in enumerate(streams)]  # fmt: skip
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
-    while not all(len(ev) >= 3 for ev in streams) and time.monotonic() < deadline:
-        time.sleep(0.05)  # every stream has its first tokens
-    short = {}
+    while not any(len(ev) >= 3 for ev in streams) and time.monotonic() < deadline:
+        time.sleep(0.02)  # a stream has its first tokens
+    return streams, threads
 
-    def short_request():
-        body = {"text": "hi", "sampling_params": {"max_new_tokens": 3}}
-        short["response"] = httpx.post(f"{url}/generate", json=body, timeout=60)
 
-    short_thread = threading.Thread(target=short_request)
-    short_thread.start()
-    while not short and time.monotonic() < deadline:  # until the server has it (or it is done)
-        if httpx.get(f"{url}/get_server_info").json()["num_inflight_http_requests"] >= len(streams) + 2:
-            break
+def _data(events: list) -> list[dict]:
+    return [json.loads(d) for kind, d in events if kind == "data" and d != "[DONE]"]
+
+
+def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama, tmp_path):
+    log_path = tmp_path / "server.log"
+    proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "60")
+    streams, threads = _start_streams(url, 4, 64)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     # Draining: a new request is refused with 503 while the ones in flight go on.
-    refused = httpx.post(f"{url}/generate", json={"text": "late"}, timeout=10)
-    assert_openai_error(refused, 503)
-    short_thread.join(60)
-    assert short["response"].status_code == 200, short["response"].text
+    assert_openai_error(httpx.post(f"{url}/generate", json={"text": "late"}, timeout=10), 503)
     for t in threads:
-        t.join(60)
+        t.join(120)
     assert proc.wait(timeout=60) == -signal.SIGTERM, log_path.read_text()
     for events in streams:
-        data = [json.loads(d) for kind, d in events if kind == "data" and d != "[DONE]"]
-        assert events[0] == ("status", 200)
-        assert "error" in data[-1], events[-3:]  # the last event says why the stream ended
-        assert data[-1]["error"]["message"]
+        assert events[0] == ("status", 200) and events[-1] == ("data", "[DONE]"), events[-2:]
+        assert _data(events)[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 64}
     assert "draining" in log_path.read_text()
+
+
+def test_sigterm_past_the_timeout_ends_the_rest_with_an_error_and_exits(tiny_llama, tmp_path):
+    """One request runs at a time, so after 0.5 s at least two of the three are still in flight."""
+    log_path = tmp_path / "server.log"
+    proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "0.5", "--max-running-requests", "1")
+    streams, threads = _start_streams(url, 3, 1000)
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(120)
+    assert proc.wait(timeout=60) == -signal.SIGTERM, log_path.read_text()
+    errors = 0
+    for events in streams:
+        assert events and events[0][0] == "status", events
+        if events[0][1] != 200:  # still queued: the error is the whole (OpenAI-shaped) answer
+            errors += 1
+            continue
+        last = _data(events)[-1]
+        # A stream that had begun ends with an event, never silently: the error, or its finish.
+        assert "error" in last or last["meta_info"]["finish_reason"]["type"] == "length", events[-2:]
+        errors += "error" in last
+    assert errors >= 2, streams
+    assert "aborting them" in log_path.read_text()
