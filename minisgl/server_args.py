@@ -66,6 +66,11 @@ class ServerArgs:
     speculative_num_steps: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
 
+    # HTTP server (launch_server): against clients that send too much, or too slowly
+    max_request_bytes: int = 32 << 20  # a larger body is refused with 413
+    http_read_timeout: float = 10.0  # seconds for a request's head, and between chunks of its body
+    graceful_shutdown_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
+
     # Misc
     random_seed: int = 0
     skip_tokenizer_init: bool = False
@@ -155,6 +160,11 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        for name in ("max_request_bytes", "http_read_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.graceful_shutdown_timeout < 0:
+            raise ValueError(f"graceful_shutdown_timeout must be >= 0, got {self.graceful_shutdown_timeout}")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.tp_size < 1:

@@ -4,9 +4,11 @@ Mirrors python/sglang/srt/entrypoints/http_server.py: the native routes
 (/generate, /health, /get_server_info, /flush_cache, the expert-distribution
 routes), the OpenAI routes (/v1/completions, /v1/chat/completions, /v1/models),
 the exception handlers that turn FastAPI's 422 into a 400, the API-key
-middleware (SGLang's utils/auth.py) and launch_server. SGLang keeps the app
-and its state in module globals; minisgl builds them in ``create_app``, so a
-test can run a server in-process. Errors use OpenAI's nested body
+middleware (SGLang's utils/auth.py) and launch_server, which adds the defences of
+http_middleware.py (body and header limits, Host check, graceful SIGTERM). Control
+routes are POST-only, so a cross-site GET (an <img> tag) cannot flush the cache.
+SGLang keeps the app and its state in module globals; minisgl builds them in
+``create_app``, so a test can run a server in-process. Errors use OpenAI's nested body
 ``{"error": {"message", "type", "code"}}`` everywhere. Omitted: weight
 updates, LoRA, sessions, profiling, metrics, embeddings, tokenize endpoints,
 the Ollama/SageMaker/Vertex routes, warm-up requests.
@@ -28,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minisgl.entrypoints.http_middleware import GracefulServer, harden, header_timeout_protocol, is_loopback
 from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -66,7 +69,10 @@ async def health(request: Request) -> Response:
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict:
     """Server args, worker limits and the live KV-pool accounting (SGLang lists the last per DP rank)."""
-    return await _tokenizer_manager(request).get_server_info()
+    info = await _tokenizer_manager(request).get_server_info()
+    drain = getattr(request.app.state, "drain", None)  # set by launch_server's middleware
+    info["num_inflight_http_requests"] = drain.num_inflight if drain is not None else None
+    return info
 
 
 @router.api_route("/generate", methods=["POST", "PUT"])
@@ -110,26 +116,26 @@ def _sse_event(out: dict) -> str:
     return f"data: {JSONResponse(_jsonable(out)).body.decode()}\n\n"
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     if await _tokenizer_manager(request).flush_cache():
         return Response("Cache flushed.\n")
     return create_error_response("Cache not flushed: requests are running or waiting.")
 
 
-@router.api_route("/start_expert_distribution_record", methods=["GET", "POST"])
+@router.post("/start_expert_distribution_record")
 async def start_expert_distribution_record(request: Request) -> Response:
     tm = _tokenizer_manager(request)
     return await _control(tm, tm.start_expert_distribution_record(), "Start recording the expert distribution.\n")
 
 
-@router.api_route("/stop_expert_distribution_record", methods=["GET", "POST"])
+@router.post("/stop_expert_distribution_record")
 async def stop_expert_distribution_record(request: Request) -> Response:
     tm = _tokenizer_manager(request)
     return await _control(tm, tm.stop_expert_distribution_record(), "Stop recording the expert distribution.\n")
 
 
-@router.api_route("/dump_expert_distribution_record", methods=["GET", "POST"])
+@router.post("/dump_expert_distribution_record")
 async def dump_expert_distribution_record(request: Request) -> Response:
     """SGLang writes the dump to a server-side file; minisgl returns it in the response."""
     tm = _tokenizer_manager(request)
@@ -249,10 +255,23 @@ def launch_server(
     logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tokenizer_manager = TokenizerManager(server_args, threaded=True)
     app = create_app(tokenizer_manager, served_model_name, api_key)
-    # On shutdown uvicorn waits for open requests; a long generation must not hold it forever,
-    # and the cancelled requests abort through their generators' cleanup.
-    config = uvicorn.Config(app, host=host, port=port, log_level=server_args.log_level, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    asgi_app, drain = harden(
+        app, server_args.max_request_bytes, server_args.http_read_timeout, loopback_only=is_loopback(host)
+    )
+    config = uvicorn.Config(
+        asgi_app,
+        host=host,
+        port=port,
+        log_level=server_args.log_level,
+        http=header_timeout_protocol(server_args.http_read_timeout),
+        # uvicorn's defaults, stated: an idle keep-alive connection closes after 5 s; a request
+        # head over 16 KiB is refused (h11's limit).
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,
+        # After the drain (GracefulServer), what is left is cancelled after this long.
+        timeout_graceful_shutdown=5,
+    )
+    server = GracefulServer(config, drain, tokenizer_manager.shutdown, server_args.graceful_shutdown_timeout)
 
     def on_fatal_error() -> None:
         # The scheduler has died of an error it could not pin on one request: rather than

@@ -220,6 +220,7 @@ class ScheduleBatch:
         self.forward_mode: Optional[ForwardMode] = None
         self.input_ids: list[int] = []
         self.out_cache_loc: Optional[torch.Tensor] = None
+        self.out_cache_loc_written = False  # every slot of out_cache_loc is in some req_to_token row
 
     @classmethod
     def init_new(
@@ -253,11 +254,13 @@ class ScheduleBatch:
         return allocator.alloc_extend(prefix_lens, seq_lens, last_loc)
 
     def _write_req_to_token(self, prefix_lens: list[int], seq_lens: list[int]) -> None:
+        self.out_cache_loc_written = False
         start = 0
         for req, pre, seq in zip(self.reqs, prefix_lens, seq_lens):
             self.req_to_token_pool.write((req.req_pool_idx, slice(pre, seq)), self.out_cache_loc[start : start + seq - pre])
             req.kv_len = seq
             start += seq - pre
+        self.out_cache_loc_written = True
 
     def prepare_for_extend(self) -> None:
         """Claim request slots and KV slots for every new token of every request."""
@@ -315,6 +318,27 @@ class ScheduleBatch:
             retracted.append(req)
             self.reqs = [r for r in self.reqs if r is not req]
         return retracted
+
+    def release_failed_reqs(self, reqs: list[Req]) -> None:
+        """Free every KV slot and req_to_token row that ``reqs`` hold after this batch failed.
+
+        Nothing goes to the radix cache: a forward that failed may have written half its
+        KV, and a cached prefix would hand that to later requests. Their locked prefixes
+        stay cached (computed by earlier, successful forwards) and are unlocked."""
+        owned = []
+        if self.out_cache_loc is not None and not self.out_cache_loc_written:
+            owned.append(self.out_cache_loc)  # allocated, perhaps not yet recorded in any row
+        for req in reqs:
+            if req.req_pool_idx is not None:  # None: admitted, but the batch failed before it got a row
+                row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+                owned.append(row[len(req.prefix_indices) : req.kv_len].to(torch.int64))
+                self.req_to_token_pool.free(req.req_pool_idx)
+            # Locked at admission (PrefillAdder) or since moved on by cache_unfinished_req.
+            self.tree_cache.dec_lock_ref(req.last_node)
+            req.req_pool_idx, req.kv_len, req.last_node = None, 0, None
+            req.prefix_indices = torch.empty(0, dtype=torch.int64)
+        if owned:
+            self.token_to_kv_pool_allocator.free(torch.unique(torch.cat(owned)))
 
     def filter_batch(self) -> None:
         self.reqs = [r for r in self.reqs if not r.finished()]

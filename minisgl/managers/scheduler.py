@@ -10,25 +10,21 @@ out of KV slots, requests are retracted to the waiting queue and later
 re-prefilled from prompt + output so far. The scheduler talks only to the
 TpModelWorker, never to a ModelRunner or a model (claim C1). With one rank
 the Engine runs the Scheduler in-process; with tensor parallelism each rank
-runs one in its own process (run_scheduler_process), rank 0 receiving the
+runs one in its own process (scheduler_process.py), rank 0 receiving the
 requests and broadcasting them, as SGLang does. SGLang's scheduler is also an
 IPC hub (ZMQ), runs overlap scheduling and disaggregation; omitted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-import traceback
 from multiprocessing.connection import Connection
 from typing import Optional
 
 import torch
 
 from minisgl import tracing
-from minisgl.distributed.parallel_state import destroy_distributed_environment, get_tp_group
+from minisgl.distributed.parallel_state import get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
 from minisgl.hf_transformers_utils import get_tokenizer
@@ -59,8 +55,6 @@ logger = logging.getLogger(__name__)
 
 # An idle rank 0 wakes this often so the other ranks' broadcast never waits out its timeout.
 IDLE_POLL_INTERVAL_S = 1.0
-# Where rank processes write their trace events (read by the launcher, see run_scheduler_process).
-TRACE_DIR_ENV = "MINISGL_TRACE_DIR"
 
 
 class Scheduler(SchedulerOutputProcessorMixin):
@@ -91,6 +85,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
         self.last_batch: Optional[ScheduleBatch] = None
+        self.cur_batch: Optional[ScheduleBatch] = None  # the batch this step prepares, runs and accounts for
         self.outputs: list[ReqOutput] = []
         self.num_retracted_reqs = 0
         # Prefix-cache statistics: prompt tokens seen, and how many were served from the cache.
@@ -187,7 +182,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             return None
         admitted = set(map(id, adder.can_run_list))
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
-        batch = self._new_batch(adder.can_run_list)
+        batch = self.cur_batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
         return batch
 
@@ -206,6 +201,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 batch.filter_batch()
                 return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        self.cur_batch = batch
         batch.prepare_for_decode()
         return batch
 
@@ -251,8 +247,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
             "num_running_reqs": len(self.running_batch.reqs),
             "num_waiting_reqs": len(self.waiting_queue),
             "num_retracted_reqs": self.num_retracted_reqs,
-            "req_slots_used": self.req_to_token_pool.size - self.req_to_token_pool.available_size(),
-            "req_slots_total": self.req_to_token_pool.size,
+            # Request-slot occupancy (rows of req_to_token): a leak shows as used slots while idle.
+            "available_req_slots": self.req_to_token_pool.available_size(),
+            "max_req_slots": self.req_to_token_pool.size,
             "is_idle": self.is_idle(),
         }
 
@@ -267,14 +264,37 @@ class Scheduler(SchedulerOutputProcessorMixin):
     # ---- the loop --------------------------------------------------------------------------
 
     def step(self) -> list[ReqOutput]:
-        """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account."""
-        batch = self.get_next_batch_to_run()
-        if batch is not None:
-            result = self.run_batch(batch)
-            self.process_batch_result(batch, result)
-            self.last_batch = batch
+        """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
+
+        Fault isolation, a second line behind request validation: an exception while a
+        batch is prepared, run or accounted for ends that batch's requests with the error
+        and frees their KV; the other requests go on. One raised outside any batch cannot
+        be attributed, so it propagates (SGLang's scheduler dies on any exception)."""
+        self.cur_batch = None
+        try:
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
+                result = self.run_batch(batch)
+                self.process_batch_result(batch, result)
+                self.last_batch = batch
+        except Exception as e:
+            if self.cur_batch is None:
+                raise
+            logger.exception("a batch failed; its requests are aborted")
+            self.abort_failed_batch(self.cur_batch, e)
         outputs, self.outputs = self.outputs, []
         return outputs
+
+    def abort_failed_batch(self, batch: ScheduleBatch, error: Exception) -> None:
+        failed = [r for r in batch.reqs if self._rid_to_req.get(r.rid) is r]  # not yet finished and sent
+        batch.release_failed_reqs(failed)
+        for req in failed:
+            req.finished_reason = FINISH_ABORT(f"internal error: {type(error).__name__}: {error}")
+            self._rid_to_req.pop(req.rid)
+            self._emit(req, [])
+        # A chunked request may be back in the queue; a decode batch is the running batch.
+        self.waiting_queue = [r for r in self.waiting_queue if not r.finished()]
+        self.running_batch.filter_batch()
 
     def is_idle(self) -> bool:
         return not self._rid_to_req
@@ -339,51 +359,4 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 return None  # routing is replicated, so every rank counted the same; one writes
             return self.expert_distribution_handle(req.action, req.output_path)
         raise TypeError(f"unknown request {type(req).__name__}")
-
-
-def run_scheduler_process(
-    server_args: ServerArgs,
-    tp_rank: int,
-    recv_from_engine: Optional[Connection] = None,
-    trace_dir: Optional[str] = None,
-) -> None:
-    """The body of one TP rank's process (SGLang's run_scheduler_process).
-
-    Builds this rank's Scheduler (and with it the TpModelWorker, which joins the process
-    group), tells the Engine it is ready (rank 0 only), then runs the event loop until the
-    Engine shuts down. With a trace_dir (the launcher's MINISGL_TRACE_DIR), the rank's
-    trace events are written to tp<rank>.jsonl there when it exits."""
-    ranks_per_node = server_args.tp_size // server_args.nnodes
-    # The ranks of one node share its cores.
-    torch.set_num_threads(max(1, torch.get_num_threads() // ranks_per_node))
-    with tracing.record() if trace_dir else contextlib.nullcontext() as events:
-        try:
-            with tracing.span("run_scheduler_process", tp_rank=tp_rank, node_rank=server_args.node_rank):
-                scheduler = Scheduler(server_args, tp_rank)
-                if recv_from_engine is not None:
-                    recv_from_engine.send(("ready", scheduler.worker_info))
-                scheduler.event_loop_normal(recv_from_engine)
-        except BaseException as e:
-            if recv_from_engine is not None:
-                _send_error(recv_from_engine, e)
-            raise
-        finally:
-            if trace_dir:
-                tracing.dump_jsonl(events, os.path.join(trace_dir, f"tp{tp_rank}.jsonl"))
-            destroy_distributed_environment()
-    # A clean stop skips the interpreter's teardown, which takes seconds once torch and
-    # transformers are loaded; nothing is left to flush (SGLang kills its schedulers outright).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _send_error(conn: Connection, error: BaseException) -> None:
-    detail = traceback.format_exc()
-    try:
-        conn.send(("error", error, detail))
-    except Exception:  # unpicklable, or the Engine is gone
-        with contextlib.suppress(Exception):
-            conn.send(("error", RuntimeError(repr(error)), detail))
-
 

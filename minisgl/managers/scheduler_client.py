@@ -4,7 +4,7 @@ Mirrors the launch half of python/sglang/srt/entrypoints/engine.py
 (_launch_scheduler_processes, _wait_for_scheduler_ready, the node_rank >= 1
 branch of _launch_subprocesses) and the send/receive half of TokenizerManager.
 With tp_size > 1 every rank runs its own Scheduler in its own process
-(scheduler.run_scheduler_process). This client starts the ranks of this node,
+(scheduler_process.run_scheduler_process). This client starts the ranks of this node,
 talks to rank 0 over a pipe, and offers the in-process Scheduler's methods
 (handle_generate_request, abort_request, handle_control_request, step,
 is_idle), so the TokenizerManager drives either the same way. SGLang connects
@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from minisgl.configs.model_config import ModelConfig
 from minisgl.managers.io_struct import AbortReq, ReqOutput, TokenizedGenerateReqInput
-from minisgl.managers.scheduler import TRACE_DIR_ENV, run_scheduler_process
+from minisgl.managers.scheduler_process import TRACE_DIR_ENV, run_scheduler_process
 from minisgl.server_args import ServerArgs
 
 # How often a waiting client checks that the rank processes it started are still alive.
@@ -37,7 +37,7 @@ def _mp_context() -> mp.context.BaseContext:
     modules) and starts each rank with a fork instead of seconds of imports. (Loading a
     tokenizer imports transformers.modeling_utils, the slowest of them.)"""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["minisgl.managers.scheduler", "transformers.modeling_utils"])
+    ctx.set_forkserver_preload(["minisgl.managers.scheduler_process", "transformers.modeling_utils"])
     return ctx
 
 

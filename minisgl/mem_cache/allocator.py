@@ -4,12 +4,18 @@ Mirrors python/sglang/srt/mem_cache/allocator.py (TokenToKVPoolAllocator,
 PagedTokenToKVPoolAllocator). Slots are integers in [1, size]; slot 0 is the
 pool's dummy slot. SGLang computes paged allocation with Triton kernels on GPU;
 minisgl does the same arithmetic with torch ops, which read more plainly.
+
+Freeing never copies the free list: freed slots (pages) are kept as a list of
+chunks, ``release_pages``, and merged into ``free_pages`` only when an allocation
+needs more than ``free_pages`` holds (SGLang's ``merge_and_sort_free``, without the
+sort SGLang needs only for disaggregation). A ``torch.cat`` onto the whole list at
+every free, as before, cost 13 ms per free on a 4.5M-token pool; the merge is one
+such copy per pass through the pool. SGLang's free groups are omitted.
 """
 
 from __future__ import annotations
 
 import torch
-
 
 
 class TokenToKVPoolAllocator:
@@ -24,20 +30,39 @@ class TokenToKVPoolAllocator:
 
     def clear(self) -> None:
         self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._clear_released()
+
+    def _clear_released(self) -> None:
+        self.release_pages: list[torch.Tensor] = []
+        self.num_released_pages = 0
 
     def available_size(self) -> int:
-        return len(self.free_pages) * self.page_size
+        return (len(self.free_pages) + self.num_released_pages) * self.page_size
 
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        if need_size > len(self.free_pages):
-            return None
-        select, self.free_pages = self.free_pages[:need_size], self.free_pages[need_size:]
+    def merge_free(self) -> None:
+        if self.release_pages:
+            self.free_pages = torch.cat([self.free_pages, *self.release_pages])
+            self._clear_released()
+
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
+        if num_pages > len(self.free_pages):
+            self.merge_free()
+            if num_pages > len(self.free_pages):
+                return None
+        select, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]
         return select
 
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        return self._take_pages(need_size)
+
+    def _release(self, pages: torch.Tensor) -> None:
+        # A copy: callers free views of req_to_token rows, which are written again later.
+        self.release_pages.append(pages.to(dtype=self.free_pages.dtype, device=self.device, copy=True))
+        self.num_released_pages += len(pages)
+
     def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        self.free_pages = torch.cat((self.free_pages, free_index.to(self.free_pages)))
+        if free_index.numel() > 0:
+            self._release(free_index)
 
 
 class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
@@ -56,13 +81,13 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
     def clear(self) -> None:
         # Page 0 holds the dummy slot, so pages are numbered from 1.
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self._clear_released()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         assert need_size % self.page_size == 0, "paged alloc takes whole pages"
-        num_pages = need_size // self.page_size
-        if num_pages > len(self.free_pages):
+        pages = self._take_pages(need_size // self.page_size)
+        if pages is None:
             return None
-        pages, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]
         offsets = torch.arange(self.page_size, device=self.device)
         return (pages[:, None] * self.page_size + offsets).reshape(-1)
 
@@ -72,7 +97,9 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
             _num_pages(seq, self.page_size) - _num_pages(pre, self.page_size) for pre, seq in zip(prefix_lens, seq_lens)
         )
         if need_pages > len(self.free_pages):
-            return None
+            self.merge_free()
+            if need_pages > len(self.free_pages):
+                return None
         out = []
         for pre, seq, last in zip(prefix_lens, seq_lens, last_loc):
             # Tail of the partially filled last page first, then fresh pages.
@@ -93,8 +120,7 @@ class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
             return
         # A page returns to the pool when any of its slots is freed: callers free a
         # request's slots all at once, so its pages are never shared.
-        pages = torch.unique(free_index // self.page_size)
-        self.free_pages = torch.cat((self.free_pages, pages.to(self.free_pages)))
+        self._release(torch.unique(free_index // self.page_size))
 
 
 def _num_pages(num_tokens: int, page_size: int) -> int:

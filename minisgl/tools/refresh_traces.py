@@ -93,7 +93,7 @@ def run_tp_engine(path: str, trace_dir: Path, generate_kwargs: dict, **engine_kw
     """Run an Engine with tensor parallelism, its ranks tracing into trace_dir; return
     its results and each rank's events (rank order). The ranks are separate processes,
     so each writes its own trace file when the Engine shuts it down."""
-    from minisgl.managers.scheduler import TRACE_DIR_ENV
+    from minisgl.managers.scheduler_process import TRACE_DIR_ENV
 
     trace_dir.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get(TRACE_DIR_ENV)
