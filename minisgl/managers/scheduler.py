@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from minisgl import tracing
+from minisgl.constrained.grammar_manager import GrammarManager
 from minisgl.distributed.parallel_state import destroy_distributed_environment, get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
@@ -89,6 +90,7 @@ class Scheduler:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.waiting_queue: list[Req] = []
+        self.grammar_manager = GrammarManager(self.tokenizer, self.worker_info.vocab_size, self.eos_token_ids)
         self.running_batch = self._new_batch([])
         self.last_batch: Optional[ScheduleBatch] = None
         self.outputs: list[ReqOutput] = []
@@ -148,7 +150,8 @@ class Scheduler:
             self._emit(req, [])
             return
         self._rid_to_req[req.rid] = req
-        self.waiting_queue.append(req)
+        if not self.grammar_manager.process_req_with_grammar(req):
+            self.waiting_queue.append(req)
 
     def _validate(self, req: Req) -> Optional[str]:
         prompt_len = len(req.origin_input_ids)
@@ -176,6 +179,8 @@ class Scheduler:
             if params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0:
                 # A drafted position's penalties would depend on the drafts before it.
                 return "speculative decoding does not apply frequency, presence or repetition penalties"
+            if params.grammar_key is not None:
+                return "speculative decoding does not support json_schema, regex or ebnf constraints"
         return None
 
     def abort_request(self, rid: str) -> None:
@@ -209,6 +214,12 @@ class Scheduler:
         return batch
 
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
+        idle = not self.waiting_queue and self.running_batch.is_empty()
+        for req in self.grammar_manager.get_ready_grammar_requests(block=idle):
+            if req.finished():
+                self._finish(req)  # its grammar failed to compile
+            else:
+                self.waiting_queue.append(req)
         if not self.waiting_queue:
             return None
         info = self.worker_info
@@ -350,6 +361,8 @@ class Scheduler:
         for token_id in token_ids:
             req.output_ids.append(token_id)
             appended.append(token_id)
+            if req.grammar is not None and not req.grammar.accept_token(token_id):
+                req.finished_reason = FINISH_ABORT(f"token {token_id} broke the request's grammar")
             if req.return_logprob:
                 self._record_output_logprobs(req, out, i)
             req.check_finished(self._tail_text(req))
@@ -405,6 +418,7 @@ class Scheduler:
             self.tree_cache.cache_finished_req(req)
             req.req_pool_idx = None
         self._rid_to_req.pop(req.rid, None)
+        req.grammar = None  # frees its matcher
         if new_ids is None:
             new_ids = [req.output_ids[-1]] if req.output_ids else []
         self._emit(req, new_ids)
