@@ -101,7 +101,7 @@ class SamplingBatchInfo:
         first_grammar = next(g for g in self.grammars if g is not None)
         bs, num_grammars = len(self.grammars), sum(g is not None for g in self.grammars)
         with tracing.span("SamplingBatchInfo.update_regex_vocab_mask", batch_size=bs, num_grammars=num_grammars):
-            self.vocab_mask = first_grammar.allocate_vocab_mask(self.vocab_size, len(self.grammars), self.device)
+            self.vocab_mask = first_grammar.allocate_vocab_mask(self.vocab_size, bs, self.device)
             self.apply_mask_func = first_grammar.apply_vocab_mask  # a static method: one call for all rows
             for i, grammar in enumerate(self.grammars):
                 if grammar is not None and not grammar.is_terminated():
