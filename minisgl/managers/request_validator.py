@@ -70,6 +70,8 @@ class RequestValidator:
             if sampling.frequency_penalty or sampling.presence_penalty or sampling.repetition_penalty != 1.0:
                 # A drafted position's penalties would depend on the drafts before it.
                 raise ValueError("speculative decoding does not apply frequency, presence or repetition penalties")
+            if sampling.grammar_key is not None:
+                raise ValueError("speculative decoding does not support json_schema, regex or ebnf constraints")
         return TokenizedGenerateReqInput(
             rid=spec["rid"],
             input_text=text,

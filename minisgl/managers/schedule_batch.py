@@ -5,14 +5,15 @@ whole life (tokens, KV ownership, finish state, side outputs). A
 ScheduleBatch is the set of requests that run one forward together; its
 ``prepare_for_extend`` / ``prepare_for_decode`` allocate KV slots and write
 ``req_to_token``; ``get_model_worker_batch`` reduces it to the plain data the
-worker needs. SGLang also handles multimodal inputs, grammar, disaggregation,
+worker needs. A constrained request's grammar (minisgl/constrained/) ends it once
+terminated. SGLang also handles multimodal inputs, disaggregation,
 hierarchical cache and overlap scheduling here; omitted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -22,6 +23,9 @@ from minisgl.mem_cache.memory_pool import ReqToTokenPool
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
+
+if TYPE_CHECKING:
+    from minisgl.constrained.base_grammar_backend import BaseGrammarObject
 
 
 class BaseFinishReason:
@@ -81,6 +85,8 @@ class Req:
         self.generator = generator
         self.output_ids: list[int] = []
         self.finished_reason: Optional[BaseFinishReason] = None
+        # Set when a json_schema / regex / ebnf constraint has compiled; it has accepted every output id.
+        self.grammar: Optional["BaseGrammarObject"] = None
 
         # KV ownership: req_to_token[req_pool_idx, :kv_len] are the slots with computed KV;
         # the first len(prefix_indices) of them belong to the radix cache (locked via last_node).
@@ -159,6 +165,9 @@ class Req:
             self.finished_reason = FINISH_LENGTH(params.max_new_tokens)
             return
         last = self.output_ids[-1]
+        if self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = FINISH_MATCHED_TOKEN(last)  # it accepted a stop token, whatever ignore_eos says
+            return
         if last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids):
             self.finished_reason = FINISH_MATCHED_TOKEN(last)
             return

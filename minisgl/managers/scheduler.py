@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from minisgl import tracing
+from minisgl.constrained.grammar_manager import GrammarManager
 from minisgl.distributed.parallel_state import get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
@@ -83,6 +84,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.waiting_queue: list[Req] = []
+        self.grammar_manager = GrammarManager(self.tokenizer, self.worker_info.vocab_size, self.eos_token_ids)
         self.running_batch = self._new_batch([])
         self.last_batch: Optional[ScheduleBatch] = None
         self.cur_batch: Optional[ScheduleBatch] = None  # the batch this step prepares, runs and accounts for
@@ -124,7 +126,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
             generator.manual_seed(seed)
         req = Req(recv_req, self.eos_token_ids, self.worker_info.max_req_len, generator)
         self._rid_to_req[req.rid] = req
-        self.waiting_queue.append(req)
+        if not self.grammar_manager.process_req_with_grammar(req):
+            self.waiting_queue.append(req)
 
     def abort_request(self, rid: str) -> None:
         """Finish a request now, wherever it is, and free its KV at once."""
@@ -157,6 +160,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
         return batch
 
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
+        idle = not self.waiting_queue and self.running_batch.is_empty()
+        for req in self.grammar_manager.get_ready_grammar_requests(block=idle):
+            if req.finished():
+                self._finish(req)  # its grammar failed to compile
+            else:
+                self.waiting_queue.append(req)
         if not self.waiting_queue:
             return None
         self.policy.calc_priority(self.waiting_queue)
@@ -222,6 +231,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.tree_cache.cache_finished_req(req)
             req.req_pool_idx = None
         self._rid_to_req.pop(req.rid, None)
+        req.grammar = None  # frees its matcher
         if new_ids is None:
             new_ids = [req.output_ids[-1]] if req.output_ids else []
         self._emit(req, new_ids)

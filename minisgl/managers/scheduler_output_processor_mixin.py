@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from minisgl.managers.io_struct import ReqOutput
-from minisgl.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
+from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
 
 
@@ -61,6 +61,8 @@ class SchedulerOutputProcessorMixin:
         for token_id in token_ids:
             req.output_ids.append(token_id)
             appended.append(token_id)
+            if req.grammar is not None and not req.grammar.accept_token(token_id):
+                req.finished_reason = FINISH_ABORT(f"token {token_id} broke the request's grammar")
             if req.return_logprob:
                 self._record_output_logprobs(req, out, i)
             req.check_finished(self._tail_text(req))

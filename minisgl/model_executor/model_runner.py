@@ -294,6 +294,7 @@ class ModelRunner:
 
     def _preprocess_logits(self, logits_output: LogitsProcessorOutput, sampling_info) -> None:
         with tracing.span("ModelRunner._preprocess_logits"):
+            sampling_info.update_regex_vocab_mask()
             sampling_info.apply_logits_bias(logits_output.next_token_logits)
 
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:

@@ -2,19 +2,22 @@
 
 Mirrors python/sglang/srt/sampling/sampling_batch_info.py (SamplingBatchInfo,
 from_schedule_batch, apply_logits_bias) and, folded in, the penalizers of
-python/sglang/srt/sampling/penaltylib/. SGLang keeps running penalty state on
-device and supports grammar vocab masks; minisgl recounts penalties from the
-requests' token lists each step, which is simpler and exact.
+python/sglang/srt/sampling/penaltylib/, with SGLang's grammar vocab mask
+(update_regex_vocab_mask). SGLang keeps running penalty state on device; minisgl
+recounts penalties from the requests' token lists each step, which is simpler and exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from minisgl import tracing
+
 if TYPE_CHECKING:
+    from minisgl.constrained.base_grammar_backend import BaseGrammarObject
     from minisgl.managers.schedule_batch import Req
 
 
@@ -37,6 +40,12 @@ class SamplingBatchInfo:
     repetition_penalties: Optional[torch.Tensor] = None  # [bs, 1]
     output_token_counts: Optional[torch.Tensor] = None  # [bs, vocab]
     seen_tokens: Optional[torch.Tensor] = None  # [bs, vocab] bool: prompt or output
+    # Constrained decoding, present only when some request in the batch has a grammar:
+    # one entry per request (None for a free one), and the mask built from them each step.
+    grammars: Optional[list[Optional["BaseGrammarObject"]]] = None
+    vocab_mask: Optional[torch.Tensor] = None  # [bs, ceil(vocab / 32)] int32 bitmask
+    apply_mask_func: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None
+    device: str = "cpu"
 
     @classmethod
     def from_reqs(cls, reqs: list["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
@@ -57,7 +66,10 @@ class SamplingBatchInfo:
             need_min_p_sampling=any(p.min_p > 0 for p in params),
             generators=[None if p.is_greedy else r.generator for p, r in zip(params, reqs)],
             vocab_size=vocab_size,
+            device=device,
         )
+        if any(r.grammar is not None for r in reqs):
+            info.grammars = [r.grammar for r in reqs]
         if any(p.logit_bias for p in params):
             info.logit_bias = torch.zeros(len(reqs), vocab_size, device=device)
             for i, p in enumerate(params):
@@ -81,8 +93,24 @@ class SamplingBatchInfo:
             self.seen_tokens[i, torch.tensor(r.origin_input_ids, dtype=torch.int64, device=device)] = True
             self.seen_tokens[i, out] = True
 
+    def update_regex_vocab_mask(self) -> None:
+        """Build this step's vocab mask from the grammars: each constrained row allows only
+        what its grammar allows next; free rows (and a terminated grammar's) allow everything."""
+        if not self.grammars:
+            return
+        first_grammar = next(g for g in self.grammars if g is not None)
+        bs, num_grammars = len(self.grammars), sum(g is not None for g in self.grammars)
+        with tracing.span("SamplingBatchInfo.update_regex_vocab_mask", batch_size=bs, num_grammars=num_grammars):
+            self.vocab_mask = first_grammar.allocate_vocab_mask(self.vocab_size, bs, self.device)
+            self.apply_mask_func = first_grammar.apply_vocab_mask  # a static method: one call for all rows
+            for i, grammar in enumerate(self.grammars):
+                if grammar is not None and not grammar.is_terminated():
+                    grammar.fill_vocab_mask(self.vocab_mask, i)
+            self.vocab_mask = first_grammar.move_vocab_mask(self.vocab_mask, self.device)
+
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
-        """Edit logits in place: penalties, then additive logit_bias (SGLang's order)."""
+        """Edit logits in place: penalties, the vocab mask, then additive logit_bias (SGLang's order).
+        The mask's -inf survives the bias: no bias can revive a token the grammar forbids."""
         if self.output_token_counts is not None:
             # OpenAI-style: subtract frequency * count and presence * [count > 0].
             logits -= self.frequency_penalties * self.output_token_counts
@@ -90,5 +118,7 @@ class SamplingBatchInfo:
             # CTRL/HF-style repetition penalty over prompt and output tokens.
             rp = torch.where(logits > 0, 1.0 / self.repetition_penalties, self.repetition_penalties)
             logits.copy_(torch.where(self.seen_tokens, logits * rp, logits))
+        if self.vocab_mask is not None:
+            self.apply_mask_func(logits, self.vocab_mask)
         if self.logit_bias is not None:
             logits += self.logit_bias

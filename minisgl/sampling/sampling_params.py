@@ -1,8 +1,9 @@
 """Per-request sampling parameters, validated where they enter the engine.
 
 Mirrors python/sglang/srt/sampling/sampling_params.py (SamplingParams, verify,
-normalize). SGLang also has regex/JSON/EBNF constraints and custom logit
-processors; minisgl omits constrained decoding.
+normalize). A request may carry one constraint, ``json_schema``, ``regex`` or ``ebnf``,
+which the grammar backend (minisgl/constrained/) turns into a vocab mask. SGLang also has
+structural tags and custom logit processors; omitted.
 
 Validation is in two steps, as a request's values arrive from JSON: the constructor
 refuses a value of the wrong type (``True`` is not an int, ``"10"`` is not an int,
@@ -14,11 +15,14 @@ names the field, so the front end can answer 400.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Optional, Union
 
 _SAMPLING_EPS = 1e-6
+# The sampling params that carry a constraint, and the kind each compiles as (SGLang's grammar keys).
+GRAMMAR_KINDS = {"json_schema": "json", "regex": "regex", "ebnf": "ebnf"}
 # "No top-k limit": larger than any vocabulary (SGLang's TOP_K_ALL).
 TOP_K_ALL = 1 << 30
 # torch.Generator.manual_seed takes a signed or unsigned 64-bit seed; int64 is what every
@@ -74,6 +78,9 @@ class SamplingParams:
         logit_bias: Optional[dict[str, float]] = None,
         seed: Optional[int] = None,
         n: int = 1,
+        json_schema: Optional[Union[str, dict]] = None,
+        regex: Optional[str] = None,
+        ebnf: Optional[str] = None,
     ) -> None:
         for name, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k), ("n", n)):
             if not _is_int(value):
@@ -98,6 +105,10 @@ class SamplingParams:
         self.logit_bias = _logit_bias(logit_bias)
         self.seed = seed
         self.n = n
+        # SGLang takes the schema as a JSON string; a dict (the offline Engine's convenience) becomes one.
+        self.json_schema = json.dumps(json_schema) if isinstance(json_schema, dict) else json_schema
+        self.regex = regex
+        self.ebnf = ebnf
         if 0.0 <= self.temperature < _SAMPLING_EPS:
             # Greedy is temperature 0; SGLang expresses it as top_k = 1 with a neutral temperature.
             self.temperature = 1.0
@@ -108,6 +119,14 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.top_k == 1
+
+    @property
+    def grammar_key(self) -> Optional[tuple[str, str]]:
+        """("json" | "regex" | "ebnf", spec) for a constrained request, the grammar cache's key; else None."""
+        for name, kind in GRAMMAR_KINDS.items():
+            if getattr(self, name) is not None:
+                return kind, getattr(self, name)
+        return None
 
     def verify(self, vocab_size: int) -> None:
         """Raise ValueError naming the field for any value out of range.
@@ -143,6 +162,22 @@ class SamplingParams:
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"stop_token_ids: token id {token_id} is outside the vocabulary [0, {vocab_size})")
+        self._verify_grammar()
+
+    def _verify_grammar(self) -> None:
+        given = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of json_schema, regex and ebnf may be set, got {' and '.join(given)}")
+        if not given:
+            return
+        if not isinstance(getattr(self, given[0]), str):
+            raise ValueError(f"{given[0]} must be a string, got {type(getattr(self, given[0])).__name__}")
+        try:
+            # Imported here: xgrammar takes seconds to import, and unconstrained requests never need it.
+            from minisgl.constrained.xgrammar_backend import check_grammar
+        except ImportError:
+            raise ValueError(f"{given[0]} needs the xgrammar package, which is not installed") from None
+        check_grammar(*self.grammar_key)
 
     @classmethod
     def from_dict(cls, params: Optional[dict]) -> "SamplingParams":

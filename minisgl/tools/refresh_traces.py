@@ -55,6 +55,32 @@ def model_runner_forward_sample(workdir: str) -> list[dict]:
     return events
 
 
+def sampling_vocab_mask(workdir: str) -> list[dict]:
+    """C7 with a grammar: a regex-constrained request beside a free one. The request's grammar
+    compiles in the grammar queue, then every sample() builds the vocab mask from the batch's
+    grammars and applies it inside _preprocess_logits, before the Sampler. The spec is compiled
+    once before recording, so the recorded request finds it in the cache and waits no step."""
+    engine = _engine(_tiny("llama", workdir))
+    constrained = {"temperature": 0, "max_new_tokens": 2, "regex": "[a-z]+"}
+    engine.generate(input_ids=PROMPTS[0], sampling_params=constrained)
+    with tracing.record() as events:
+        engine.generate(
+            input_ids=PROMPTS,
+            sampling_params=[constrained, {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}],
+            show_progress=False,
+        )
+    keep = (
+        "GrammarManager",
+        "Scheduler.get_next_batch_to_run",
+        "ModelRunner.sample",
+        "ModelRunner._preprocess_logits",
+        "SamplingBatchInfo",
+        "XGrammarGrammar",
+        "Sampler.forward",
+    )
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 def attention_backend_triton(workdir: str) -> list[dict]:
     """C11 and the Triton backend: chosen at init; metadata built once per forward, before layer 0."""
     path = _tiny("llama", workdir)
@@ -173,6 +199,7 @@ def speculative_decoding(workdir: str) -> list[dict]:
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
+    "sampling_vocab_mask": sampling_vocab_mask,
     "attention_backend_triton": attention_backend_triton,
     "side_outputs": side_outputs,
     "tensor_parallel": tensor_parallel,

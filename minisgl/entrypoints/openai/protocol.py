@@ -5,8 +5,9 @@ ErrorResponse, UsageInfo, LogProbs, ChoiceLogprobs, CompletionRequest/Response,
 ChatCompletionRequest/Response and their stream variants), with the same
 field names, including SGLang's extensions (top_k, min_p, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens; the openai client sends them
-through ``extra_body``). Omitted: tools and tool calls, reasoning, response
-formats and constrained decoding, image/audio/video content, embeddings,
+through ``extra_body``), and ``response_format`` (text, json_object, json_schema)
+for both routes, as SGLang accepts it. Omitted: tools and tool calls, reasoning,
+structural tags, image/audio/video content, embeddings,
 suffix, best_of; ``echo`` is declared only so that asking for it gets a clear
 400. Pydantic checks types only; value ranges are checked once, by
 SamplingParams.verify and the TokenizerManager, for every entry point. Unknown
@@ -15,8 +16,9 @@ fields are ignored.
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
@@ -59,6 +61,30 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaResponseFormat(BaseModel):
+    name: str
+    description: Optional[str] = None
+    # "schema" would shadow a BaseModel attribute; the alias keeps the wire name.
+    schema_: Optional[dict[str, Any]] = Field(alias="schema", default=None)
+    # Ignored: a constrained output always follows its schema, which is what OpenAI's strict promises.
+    strict: Optional[bool] = False
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaResponseFormat] = None
+
+    def to_json_schema(self) -> Optional[str]:
+        """The json_schema sampling param this format asks for (SGLang's mapping); None for text."""
+        if self.type == "json_object":
+            return '{"type": "object"}'  # any JSON object
+        if self.type == "json_schema":
+            if self.json_schema is None or self.json_schema.schema_ is None:
+                raise ValueError("response_format of type json_schema needs json_schema.schema")
+            return json.dumps(self.json_schema.schema_)
+        return None
+
+
 class SamplingFields(BaseModel):
     """The sampling fields completions and chat share (SGLang repeats them in both classes)."""
 
@@ -79,6 +105,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    response_format: Optional[ResponseFormat] = None
 
 
 # ---- completions --------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class OpenAIServingBase:
             "logit_bias": request.logit_bias,
             "seed": request.seed,
             "n": request.n,
+            "json_schema": request.response_format.to_json_schema() if request.response_format else None,
         }
 
     @staticmethod

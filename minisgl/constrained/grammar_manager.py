@@ -1,0 +1,105 @@
+"""GrammarManager: the scheduler's grammar queue, where requests wait for their grammar to compile.
+
+Mirrors python/sglang/srt/constrained/grammar_manager.py (process_req_with_grammar,
+get_ready_grammar_requests, abort handling). A constrained request enters the grammar
+queue instead of the waiting queue; once its compilation is done (at once, on a cache
+hit) it gets its own grammar object and moves on. With tensor parallelism each rank
+compiles for itself, and a request moves only when it is ready on every rank, so the
+ranks keep scheduling the same batches. The backend is built on the first constrained
+request: an engine that never sees one never imports xgrammar. SGLang also times
+compilations out and supports other backends; omitted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Optional
+
+import torch.distributed as dist
+
+from minisgl import tracing
+from minisgl.constrained.base_grammar_backend import BaseGrammarBackend
+from minisgl.distributed.parallel_state import get_tp_group
+from minisgl.managers.schedule_batch import FINISH_ABORT
+
+if TYPE_CHECKING:
+    from minisgl.managers.schedule_batch import Req
+
+# How long an otherwise idle scheduler waits for a compilation before it looks for new requests.
+GRAMMAR_POLL_INTERVAL_S = 0.05
+
+
+class GrammarManager:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.grammar_backend: Optional[BaseGrammarBackend] = None
+        self.grammar_queue: list[tuple["Req", Future]] = []
+
+    def has_waiting_grammars(self) -> bool:
+        return bool(self.grammar_queue)
+
+    def process_req_with_grammar(self, req: "Req") -> bool:
+        """Start ``req``'s grammar; True if it now waits in the grammar queue, False if it has none."""
+        key = req.sampling_params.grammar_key
+        if key is None:
+            return False
+        try:
+            future = self._get_backend().get_cached_or_future_value(key)
+        except (ImportError, ValueError) as e:
+            future = Future()  # no backend: the request leaves the queue at the next look, with the reason
+            future.set_exception(ValueError(str(e)))
+        self.grammar_queue.append((req, future))
+        return True
+
+    def _get_backend(self) -> BaseGrammarBackend:
+        if self.grammar_backend is None:
+            if self.tokenizer is None:
+                raise ValueError("json_schema, regex and ebnf need the tokenizer (skip_tokenizer_init is set)")
+            from minisgl.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+            self.grammar_backend = XGrammarGrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self.grammar_backend
+
+    def get_ready_grammar_requests(self, block: bool = False) -> list["Req"]:
+        """Requests whose compilation is over, in arrival order: each with its own grammar, or,
+        if its spec failed to compile, finished with the reason. Requests aborted while they
+        waited are dropped (the abort already answered them). ``block``: the scheduler has
+        nothing else to run, so wait a little for the first compilation to end."""
+        if not self.grammar_queue:
+            return []
+        if block:
+            concurrent.futures.wait(
+                [f for _, f in self.grammar_queue], GRAMMAR_POLL_INTERVAL_S, concurrent.futures.FIRST_COMPLETED
+            )
+        ready = {i for i, (req, future) in enumerate(self.grammar_queue) if req.finished() or future.done()}
+        ready = _ready_on_every_rank(ready)
+        out = []
+        for i in sorted(ready):
+            req, future = self.grammar_queue[i]
+            if req.finished():
+                continue
+            try:
+                req.grammar = future.result().copy()
+            except Exception as e:  # a spec that fails to compile ends its own request, not the scheduler
+                req.finished_reason = FINISH_ABORT(str(e))
+            out.append(req)
+        self.grammar_queue = [entry for i, entry in enumerate(self.grammar_queue) if i not in ready]
+        if out:
+            num_failed = sum(r.finished() for r in out)
+            tracing.point(
+                "GrammarManager.get_ready_grammar_requests", num_ready=len(out) - num_failed, num_failed=num_failed
+            )
+        return out
+
+
+def _ready_on_every_rank(ready: set[int]) -> set[int]:
+    """The queue positions ready on all TP ranks (their queues hold the same requests, in order)."""
+    tp_group = get_tp_group()
+    if tp_group is None or tp_group.world_size == 1:
+        return ready
+    gathered: list[Optional[set[int]]] = [None] * tp_group.world_size
+    dist.all_gather_object(gathered, ready, group=tp_group.cpu_group)
+    return set.intersection(*gathered)
