@@ -52,17 +52,19 @@ def _assert_pool_whole(engine: Engine) -> None:
     assert engine.scheduler.token_to_kv_pool_allocator.available_size() == total
 
 
-# Every (backend, page size) pair runs on both checkpoints; the default suite runs the pairs that
-# cover each backend and each page size on each checkpoint once, the rest with -m slow.
+# Every (backend, page size) pair runs on both checkpoints with -m slow. The default suite keeps
+# three: each backend and each page size once, and the V3 checkpoint (whose attention runs the
+# same kernels as V2's) on torch_native. Measured on 2 shared, loaded Zen 3 cores, the
+# interpreted Triton case on V3 took 6 min, the torch_native one 2 min.
 _SLOW = pytest.mark.slow
 PARITY_CASES = [
     ("deepseek_v2", "torch_native", 1),
     ("deepseek_v2", "triton", 16),
     ("deepseek_v3", "torch_native", 16),
-    ("deepseek_v3", "triton", 1),
     pytest.param("deepseek_v2", "torch_native", 16, marks=_SLOW),
     pytest.param("deepseek_v2", "triton", 1, marks=_SLOW),
     pytest.param("deepseek_v3", "torch_native", 1, marks=_SLOW),
+    pytest.param("deepseek_v3", "triton", 1, marks=_SLOW),
     pytest.param("deepseek_v3", "triton", 16, marks=_SLOW),
 ]
 
