@@ -2,13 +2,15 @@
 
 Mirrors python/sglang/srt/configs/model_config.py (ModelConfig.__init__,
 from_server_args, _derive_context_length, _derive_model_shapes, _get_and_verify_dtype).
-SGLang also handles quantization configs, multimodal processors, MLA/NSA/hybrid
+SGLang also handles quantization configs, multimodal processors, NSA/hybrid
 (SWA, Mamba) shapes and remote model pulls; minisgl serves dense and MoE
-decoder-only text models, so those branches are omitted.
+decoder-only text models, with MHA/GQA or DeepSeek's MLA, so those branches
+are omitted.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -26,6 +28,14 @@ _STR_TO_DTYPE = {
     "half": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+
+# Architectures whose attention is DeepSeek's multi-head latent attention (SGLang lists more).
+_MLA_ARCHITECTURES = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+
+
+class AttentionArch(enum.Enum):
+    MHA = enum.auto()  # K and V per KV head (MHA, GQA, MQA)
+    MLA = enum.auto()  # one latent + one rope key per token, expanded per head (DeepSeek-V2/V3)
 
 
 class ModelConfig:
@@ -95,6 +105,15 @@ class ModelConfig:
         # there); 4.x configs have top-level rope_theta. Models read config.rope_theta.
         if getattr(c, "rope_theta", None) is None:
             c.rope_theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        self.attention_arch = AttentionArch.MLA if _MLA_ARCHITECTURES & set(self.architectures) else AttentionArch.MHA
+        if self.attention_arch == AttentionArch.MLA:
+            # As SGLang: the KV pool stores kv_lora_rank + qk_rope_head_dim values per token and
+            # layer; head_dim is the query/key width of one head (its config says the rope part).
+            self.kv_lora_rank: int = c.kv_lora_rank
+            self.qk_rope_head_dim: int = c.qk_rope_head_dim
+            self.qk_nope_head_dim: int = c.qk_nope_head_dim
+            self.v_head_dim: int = c.v_head_dim
+            self.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim
 
     def _get_hf_eos_token_id(self) -> set[int]:
         eos = self.hf_config.eos_token_id

@@ -28,6 +28,7 @@ class RadixAttention(nn.Module):
         num_kv_heads: int,
         layer_id: int,
         logit_cap: float = 0.0,
+        v_head_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.tp_q_head_num = num_heads
@@ -35,7 +36,8 @@ class RadixAttention(nn.Module):
         self.tp_v_head_num = num_kv_heads
         self.head_dim = head_dim
         self.qk_head_dim = head_dim
-        self.v_head_dim = head_dim
+        # MLA's attentions have values narrower than keys (see mla_attention.py).
+        self.v_head_dim = v_head_dim or head_dim
         self.scaling = scaling
         self.layer_id = layer_id
         self.logit_cap = logit_cap
@@ -48,6 +50,7 @@ class RadixAttention(nn.Module):
         forward_batch: "ForwardBatch",
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        # q: [num_tokens, tp_q_head_num * head_dim]; k, v: [num_tokens, tp_k_head_num * head_dim]
+        # q: [num_tokens, tp_q_head_num * head_dim]; k: [num_tokens, tp_k_head_num * head_dim];
+        # v: [num_tokens, tp_v_head_num * v_head_dim] (any view with those shapes)
         tracing.point("RadixAttention.forward", layer_id=self.layer_id)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -1,9 +1,11 @@
 """Rotary position embeddings with a precomputed cos/sin cache.
 
 Mirrors python/sglang/srt/layers/rotary_embedding.py (RotaryEmbedding,
-Llama3RotaryEmbedding, get_rope). SGLang also implements YaRN, dynamic NTK,
-M-RoPE and fused kernels; minisgl has the default and llama3 scalings, in the
-NeoX layout (rotate halves) that Llama and Qwen checkpoints use.
+Llama3RotaryEmbedding, DeepseekScalingRotaryEmbedding, get_rope). SGLang also
+implements plain YaRN, dynamic NTK, M-RoPE and fused kernels; minisgl has the
+default, llama3 and DeepSeek-YaRN scalings, in the NeoX layout (rotate halves)
+that Llama and Qwen checkpoints use or the GPT-J layout (rotate interleaved
+pairs) of DeepSeek's.
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ from minisgl.layers.custom_op import CustomOp
 
 
 class RotaryEmbedding(CustomOp):
-    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float) -> None:
+    # Scales cos and sin alike (YaRN's attention factor); 1 for the other scalings.
+    mscale = 1.0
+
+    def __init__(
+        self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float, is_neox_style: bool = True
+    ) -> None:
         super().__init__()
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.base = base
+        self.is_neox_style = is_neox_style
         inv_freq = self._compute_inv_freq()
         t = torch.arange(max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_pos, rotary_dim / 2]
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * self.mscale
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def _compute_inv_freq(self) -> torch.Tensor:
         exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float() / self.rotary_dim
@@ -36,9 +45,12 @@ class RotaryEmbedding(CustomOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # query: [num_tokens, num_heads * head_size], key: [num_tokens, num_kv_heads * head_size]
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [num_tokens, rotary_dim / 2] each
-        return _apply_rotary(query, cos, sin, self.head_size), _apply_rotary(key, cos, sin, self.head_size)
+        apply = _apply_rotary if self.is_neox_style else _apply_rotary_interleaved
+        return apply(query, cos, sin, self.head_size), apply(key, cos, sin, self.head_size)
 
     def forward_cpu(self, positions, query, key):
+        if not self.is_neox_style:  # the C++ kernel rotates halves only
+            return self.forward_native(positions, query, key)
         return torch.ops.minisgl_kernel.rotary_embedding_cpu(positions, query, key, self.head_size, self.cos_sin_cache)
 
 
@@ -66,9 +78,53 @@ class Llama3RotaryEmbedding(RotaryEmbedding):
         return torch.where(is_medium, smoothed, scaled)
 
 
+class DeepseekScalingRotaryEmbedding(RotaryEmbedding):
+    """YaRN as DeepSeek configures it: interpolate low frequencies by `factor`, keep high ones.
+
+    Dimensions that turn fewer than beta_slow times over the original context are divided by
+    `factor`, those that turn more than beta_fast times are kept, and a linear ramp blends the
+    ones between. cos and sin are scaled by mscale(factor, mscale) / mscale(factor,
+    mscale_all_dim); the model scales its softmax by mscale(factor, mscale_all_dim)**2.
+    """
+
+    def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style, scaling: dict) -> None:
+        self.scaling_factor = scaling["factor"]
+        self.beta_fast = scaling.get("beta_fast", 32)
+        self.beta_slow = scaling.get("beta_slow", 1)
+        self.orig_max_position = scaling["original_max_position_embeddings"]
+        self.mscale = yarn_get_mscale(self.scaling_factor, scaling.get("mscale", 1)) / yarn_get_mscale(
+            self.scaling_factor, scaling.get("mscale_all_dim", 0)
+        )
+        super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        extrapolated = super()._compute_inv_freq()
+        interpolated = extrapolated / self.scaling_factor
+
+        def correction_dim(num_rotations: float) -> float:  # the dimension that turns num_rotations times
+            return (
+                self.rotary_dim
+                * math.log(self.orig_max_position / (num_rotations * 2 * math.pi))
+                / (2 * math.log(self.base))
+            )
+
+        low = max(math.floor(correction_dim(self.beta_fast)), 0)
+        high = min(math.ceil(correction_dim(self.beta_slow)), self.rotary_dim - 1)
+        if low == high:
+            high += 0.001  # as SGLang and HF: no zero-width ramp
+        ramp = ((torch.arange(self.rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+        return interpolated * (1 - keep) + extrapolated * keep
+
+
+def yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:
+    """YaRN's magnitude correction for a context stretched `scale` times."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int) -> torch.Tensor:
     num_tokens = x.shape[0]
-    x = x.view(num_tokens, -1, head_size)  # [num_tokens, heads, head_size]
+    x = x.reshape(num_tokens, -1, head_size)  # [num_tokens, heads, head_size]
     rot = cos.shape[-1] * 2
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     x1, x2 = x_rot.float().chunk(2, dim=-1)
@@ -77,16 +133,31 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_si
     return torch.cat((rotated, x_pass), dim=-1).reshape(num_tokens, -1)
 
 
+def _apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int) -> torch.Tensor:
+    """GPT-J layout: dimensions (0, 1), (2, 3), ... are the pairs each frequency rotates."""
+    num_tokens = x.shape[0]
+    x = x.reshape(num_tokens, -1, head_size)
+    assert cos.shape[-1] * 2 == head_size, "interleaved rope rotates the whole head"
+    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return rotated.to(x.dtype).reshape(num_tokens, -1)
+
+
 def get_rope(
     head_size: int,
     rotary_dim: int,
     max_position: int,
     base: float,
     rope_scaling: Optional[dict[str, Any]] = None,
+    is_neox_style: bool = True,
 ) -> RotaryEmbedding:
     rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if rope_type == "default":
-        return RotaryEmbedding(head_size, rotary_dim, max_position, base)
-    if rope_type == "llama3":
+        return RotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style)
+    if rope_type == "llama3" and is_neox_style:
         return Llama3RotaryEmbedding(head_size, rotary_dim, max_position, base, rope_scaling)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r} (minisgl has default and llama3)")
+    if rope_type in ("yarn", "deepseek_yarn"):
+        # As SGLang: DeepSeek's YaRN is the only YaRN minisgl serves (its configs name it "yarn").
+        return DeepseekScalingRotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling)
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r} (minisgl has default, llama3 and DeepSeek's yarn)")

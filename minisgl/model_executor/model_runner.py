@@ -20,7 +20,7 @@ import psutil
 import torch
 
 from minisgl import tracing
-from minisgl.configs.model_config import ModelConfig
+from minisgl.configs.model_config import AttentionArch, ModelConfig
 from minisgl.distributed.parallel_state import get_tp_group, init_distributed_environment, initialize_model_parallel
 from minisgl.eplb.expert_distribution import (
     ExpertDistributionRecorder,
@@ -37,7 +37,7 @@ from minisgl.layers.moe.routed_experts_capturer import (
 )
 from minisgl.layers.sampler import Sampler
 from minisgl.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_loader.loader import get_model
 from minisgl.server_args import ServerArgs
@@ -78,7 +78,8 @@ class ModelRunner:
         # A draft runner is handed the target's pools; a target runner creates its own.
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.use_mla_backend = False  # no MLA models in minisgl
+        # DeepSeek's latent attention: decides the KV pool's layout and the attention kernels.
+        self.use_mla_backend = model_config.attention_arch == AttentionArch.MLA
         self.is_generation = model_config.is_generation
         self.is_multimodal = model_config.is_multimodal
         self.page_size = server_args.page_size
@@ -147,7 +148,11 @@ class ModelRunner:
     def profile_max_num_token(self) -> int:
         """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""
         mc = self.model_config
-        cell_size = mc.get_num_kv_heads(self.tp_size) * mc.head_dim * mc.num_hidden_layers * 2 * self.dtype.itemsize
+        if self.use_mla_backend:
+            # One latent + one rope key per token and layer, whole on every rank (heads are expanded from it).
+            cell_size = (mc.kv_lora_rank + mc.qk_rope_head_dim) * mc.num_hidden_layers * self.dtype.itemsize
+        else:
+            cell_size = mc.get_num_kv_heads(self.tp_size) * mc.head_dim * mc.num_hidden_layers * 2 * self.dtype.itemsize
         if self.device.startswith("cuda"):
             available, _ = torch.cuda.mem_get_info()
         else:
@@ -174,15 +179,26 @@ class ModelRunner:
                 max_context_len=self.model_config.context_len + 4,
                 device=self.device,
             )
-        self.token_to_kv_pool = MHATokenToKVPool(
-            size=self.max_total_num_tokens,
-            page_size=self.page_size,
-            dtype=self.dtype,
-            head_num=self.model_config.get_num_kv_heads(self.tp_size),
-            head_dim=self.model_config.head_dim,
-            layer_num=self.model_config.num_hidden_layers,
-            device=self.device,
-        )
+        if self.use_mla_backend:
+            self.token_to_kv_pool = MLATokenToKVPool(
+                size=self.max_total_num_tokens,
+                page_size=self.page_size,
+                dtype=self.dtype,
+                kv_lora_rank=self.model_config.kv_lora_rank,
+                qk_rope_head_dim=self.model_config.qk_rope_head_dim,
+                layer_num=self.model_config.num_hidden_layers,
+                device=self.device,
+            )
+        else:
+            self.token_to_kv_pool = MHATokenToKVPool(
+                size=self.max_total_num_tokens,
+                page_size=self.page_size,
+                dtype=self.dtype,
+                head_num=self.model_config.get_num_kv_heads(self.tp_size),
+                head_dim=self.model_config.head_dim,
+                layer_num=self.model_config.num_hidden_layers,
+                device=self.device,
+            )
         if self.token_to_kv_pool_allocator is None:
             if self.page_size == 1:
                 self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)

@@ -2,6 +2,7 @@
 
 Mirrors python/sglang/srt/models/registry.py (ModelRegistry). SGLang scans
 every module in models/ for an ``EntryClass``; minisgl lists its few modules.
+As in SGLang, a module may serve several architectures (EntryClass is then a list).
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ import importlib
 
 from torch import nn
 
-_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2"]
 
 
 def _load_registry() -> dict[str, type[nn.Module]]:
     registry = {}
     for module_name in _MODEL_MODULES:
         module = importlib.import_module(f"minisgl.models.{module_name}")
-        registry[module.EntryClass.__name__] = module.EntryClass
+        entries = module.EntryClass if isinstance(module.EntryClass, list) else [module.EntryClass]
+        for model_cls in entries:
+            registry[model_cls.__name__] = model_cls
     return registry
 
 

@@ -2,8 +2,10 @@
 
 Tests, notebooks and traces need models that load in milliseconds yet carry every
 personality the engine must handle: tied embeddings and llama3 rope scaling (llama),
-qkv bias (qwen2), a head_dim that is not hidden/heads plus q/k norm (qwen3), and
-sparse MoE blocks (qwen3_moe, mixtral). Each checkpoint is made by transformers' own
+qkv bias (qwen2), a head_dim that is not hidden/heads plus q/k norm (qwen3), sparse
+MoE blocks (qwen3_moe, mixtral), and multi-head latent attention with shared experts
+and YaRN rope (deepseek_v2: no q LoRA, softmax greedy gate; deepseek_v3: q LoRA, a
+dense first layer, sigmoid gate with correction bias over expert groups). Each checkpoint is made by transformers' own
 config and model classes and saved with ``save_pretrained``, so its tensor names,
 shapes and config keys are the ones a hub checkpoint has, and HF transformers can
 serve as the reference implementation the engine is compared against.
@@ -22,6 +24,10 @@ import pathlib
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -38,7 +44,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3")
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]  # ids 0, 1, 2
@@ -179,7 +185,47 @@ def _config(
     if arch == "mixtral":
         moe = dict(num_local_experts=4, num_experts_per_tok=2)
         return MixtralForCausalLM, MixtralConfig(**common, **moe, tie_word_embeddings=False)
+    if arch in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek_config(arch, common)
     raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+
+
+def _deepseek_config(arch: str, common: dict) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
+    """MLA at 1/16 of DeepSeek's widths (kv_lora_rank 32, rope 8, nope 16, v 16), 8 routed experts.
+
+    Both use YaRN with DeepSeek's keys (mscale, mscale_all_dim), so the cos/sin magnitude and the
+    softmax scale both change; beta_fast 32 / beta_slow 1 over 256 original positions leave some
+    rope dimensions extrapolated, some interpolated and one on the ramp.
+    """
+    mla = dict(
+        common,
+        num_key_value_heads=4,  # MLA has no KV heads of its own; HF reads this for its cache
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=32,
+        tie_word_embeddings=False,
+    )
+    if arch == "deepseek_v2":
+        rope = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
+                    beta_fast=32, beta_slow=1, mscale=0.707, mscale_all_dim=0.707)  # fmt: skip
+        config = DeepseekV2Config(
+            **mla, q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1,
+            routed_scaling_factor=1.5, norm_topk_prob=False, first_k_dense_replace=0, rope_parameters=rope,
+        )  # fmt: skip
+        return DeepseekV2ForCausalLM, config
+    rope = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
+                beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.8)  # fmt: skip
+    config = DeepseekV3Config(
+        **dict(mla, num_hidden_layers=3), q_lora_rank=24, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, rope_interleave=True, num_nextn_predict_layers=0,
+        rope_parameters=rope,
+    )  # fmt: skip
+    return DeepseekV3ForCausalLM, config
 
 
 @torch.no_grad()
@@ -200,6 +246,10 @@ def _randomize(model: PreTrainedModel, seed: int) -> None:
             param.copy_(1.0 + 0.1 * noise)
         else:
             param.copy_(0.2 * noise)
+    # DeepSeek-V3's router bias is a buffer; left at zero, a loader that dropped it would pass.
+    for name, buf in sorted(model.named_buffers()):
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(0.1 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
 
 
 def make_tiny_model(arch: str, out_dir, seed: int = 0) -> pathlib.Path:

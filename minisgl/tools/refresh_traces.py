@@ -196,6 +196,19 @@ def speculative_decoding(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep)]
 
 
+def mla_personality(workdir: str) -> list[dict]:
+    """use_mla_backend on a tiny DeepSeek-V3: the latent pool, then expanded prefill and absorbed decode."""
+    with tracing.record() as events:
+        engine = _engine(_tiny("deepseek_v3", workdir))
+        engine.generate(
+            input_ids=PROMPTS,
+            sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
+            show_progress=False,
+        )
+    keep = ("ModelRunner.__init__", "MLATokenToKVPool", "ModelRunner.forward", "MLAAttention.forward")
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
@@ -204,6 +217,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "side_outputs": side_outputs,
     "tensor_parallel": tensor_parallel,
     "speculative_decoding": speculative_decoding,
+    "mla_personality": mla_personality,
 }
 
 

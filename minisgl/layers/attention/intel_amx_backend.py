@@ -12,18 +12,28 @@ decode step costs one pass over the live KV, not a gather into a padded batch pl
 As in SGLang, the kernels also store the new tokens' K/V in the pool (the other backends call
 ``set_kv_buffer`` first). SGLang's kernels also split long sequences across threads and use
 AMX tiles; omitted.
+
+MLA models (DeepSeek) run through the torch_native path instead, which this class inherits:
+the kernels keep one head's row in registers up to kMaxHeadDim = 256 values, and MLA's
+absorbed key is kv_lora_rank + qk_rope_head_dim wide (576 on DeepSeek-V3), its value a
+view into the same row; and the kernels store K and V rows of their own shape, where the
+MLA pool stores one latent row. SGLang's CPU backend has dedicated MLA kernels; omitted.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.kernels.cpu import is_available
+from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 
-class IntelAMXAttnBackend(AttentionBackend):
+class IntelAMXAttnBackend(TorchNativeAttnBackend):
     def __init__(self, model_runner) -> None:
+        self.use_mla = model_runner.use_mla_backend
+        if self.use_mla:  # see the module docstring
+            super().__init__(model_runner)
+            return
         if not is_available():
             raise RuntimeError(
                 "attention_backend 'intel_amx' needs minisgl's CPU kernels, which could not be built here "
@@ -40,8 +50,12 @@ class IntelAMXAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch) -> None:
         """Nothing to precompute: the kernels take the batch's own index tensors."""
+        if self.use_mla:
+            super().init_forward_metadata(forward_batch)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if self.use_mla:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.extend_attention_cpu(
             q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,
@@ -50,6 +64,8 @@ class IntelAMXAttnBackend(AttentionBackend):
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if self.use_mla:
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.decode_attention_cpu(
             q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,

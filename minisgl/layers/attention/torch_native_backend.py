@@ -9,6 +9,11 @@ SGLang's version loops over requests in both modes. minisgl batches decode:
 table and a padding mask, so each layer's decode attention is one gather and
 one SDPA call however many requests run. Extend keeps the per-request loop:
 prompts differ in length and SDPA's causal kernel wants dense, unpadded rows.
+As in the Triton backend, extend reads the cached prefix from the pool and the
+new tokens' K/V from its arguments, so a caller may attend over K/V the pool does
+not hold (MLA's forward_normal, whose pool holds latents: mla_attention.py).
+MLA's absorbed attention is a one-KV-head GQA with values narrower than keys,
+which both modes run as they are.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv_cache:
             self._save_kv(k, v, layer, forward_batch)
         q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)  # [num_tokens, heads, head_dim]
+        k = k.reshape(-1, layer.tp_k_head_num, layer.qk_head_dim)
+        v = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
         out = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         start = 0
@@ -54,17 +61,22 @@ class TorchNativeAttnBackend(AttentionBackend):
             extend_len = forward_batch.extend_seq_lens_cpu[i]
             prefix_len = forward_batch.extend_prefix_lens_cpu[i]
             seq_len = prefix_len + extend_len
-            slots = self.req_to_token[forward_batch.req_pool_indices_cpu[i], :seq_len]
+            new = slice(start, start + extend_len)
             # [heads, tokens, head_dim]: the layout SDPA wants
-            qi = q[start : start + extend_len].transpose(0, 1)
-            ki, vi = _gather(k_buf, slots).transpose(0, 1).to(q.dtype), _gather(v_buf, slots).transpose(0, 1).to(q.dtype)
+            qi = q[new].transpose(0, 1)
+            ki, vi = k[new], v[new]
+            if prefix_len > 0:
+                slots = self.req_to_token[forward_batch.req_pool_indices_cpu[i], :prefix_len]
+                ki = torch.cat([_gather(k_buf, slots).to(q.dtype), ki])
+                vi = torch.cat([_gather(v_buf, slots).to(q.dtype), vi])
+            ki, vi = ki.transpose(0, 1), vi.transpose(0, 1)
             if prefix_len == 0:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
                 # New token j sits at absolute position prefix_len + j and sees keys 0..prefix_len + j.
                 mask = torch.ones(extend_len, seq_len, dtype=torch.bool, device=q.device).tril(diagonal=prefix_len)
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scaling, enable_gqa=True)
-            out[start : start + extend_len] = o.transpose(0, 1)
+            out[new] = o.transpose(0, 1)
             start += extend_len
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

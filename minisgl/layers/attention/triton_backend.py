@@ -8,6 +8,11 @@ batch's req_to_token rows into the flat (kv_indptr, kv_indices) form the
 kernels read, once per forward; every layer then reuses it. SGLang also
 supports sliding windows, custom masks, speculative verify/draft metadata and
 deterministic split sizes; minisgl keeps extend and decode.
+
+For MLA models (``use_mla_backend``) the pool holds one latent row per token, and
+decode runs the MLA kernel (triton_ops/decode_mla_attention.py), whose per-split
+scratch is kv_lora_rank wide; extend runs the same kernel as MHA (see
+layers/mla_attention.py for the shapes it is given).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.attention.triton_ops.decode_attention import decode_attention_fwd, get_num_kv_splits
+from minisgl.layers.attention.triton_ops.decode_mla_attention import decode_mla_attention_fwd
 from minisgl.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from minisgl.layers.attention.triton_ops.store_kv_cache import store_kv_cache
 
@@ -43,7 +49,9 @@ class TritonAttnBackend(AttentionBackend):
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         mc = model_runner.model_config
         self.num_head = mc.num_attention_heads // model_runner.tp_size
-        self.v_head_dim = mc.head_dim
+        self.use_mla = model_runner.use_mla_backend
+        # The width of decode's output per head: MLA's absorbed attention returns a latent.
+        self.v_head_dim = mc.kv_lora_rank if self.use_mla else mc.head_dim
         self.forward_metadata: Optional[ForwardMetadata] = None
 
     def _gather_kv_indices(self, req_pool_indices: torch.Tensor, lens: torch.Tensor, max_len: int) -> tuple:
@@ -119,7 +127,7 @@ class TritonAttnBackend(AttentionBackend):
     def _prologue(self, q, k, v, layer, forward_batch, save_kv_cache: bool):
         """Shared by both modes: write the new K/V into the pool, shape q, allocate the output."""
         k = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
-        v = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+        v = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         if save_kv_cache:
             store_kv_cache(k_buf, v_buf, forward_batch.out_cache_loc, k, v)
@@ -139,6 +147,12 @@ class TritonAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         q, _, _, o, k_buf, v_buf = self._prologue(q, k, v, layer, forward_batch, save_kv_cache)
         md = self.forward_metadata
+        if self.use_mla:
+            decode_mla_attention_fwd(
+                q, k_buf, o, md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse,
+                md.num_kv_splits, self.max_kv_splits, layer.scaling, kv_lora_rank=layer.v_head_dim,
+            )  # fmt: skip
+            return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
         decode_attention_fwd(
             q, k_buf, v_buf, o, md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse,
             md.num_kv_splits, self.max_kv_splits, layer.scaling, layer.logit_cap,

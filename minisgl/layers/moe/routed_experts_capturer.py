@@ -7,7 +7,8 @@ buffer; at the end of the forward the rows are copied to a host buffer at the
 tokens' KV slots (``out_cache_loc``). A token's slot lives exactly as long as
 its KV, so when a request finishes its experts are read back through
 ``req_to_token``, prompt and generated tokens alike, whatever batches they
-ran in. When the feature is off the no-op capturer does no copy at all.
+ran in. Layers without experts (a dense layer among MoE ones) read -1.
+When the feature is off the no-op capturer does no copy at all.
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ class _RoutedExpertsCapturerReal(RoutedExpertsCapturer):
     def on_forward_end(self, out_cache_loc: torch.Tensor) -> None:
         if not self._device_rows:
             return
-        stacked = torch.stack([self._device_rows[i] for i in range(self.num_layers)], dim=1)  # [T, L, k]
+        # A dense layer (DeepSeek's first_k_dense_replace) routes nothing: its row reads -1.
+        layers = sorted(self._device_rows)
+        stacked = torch.stack([self._device_rows[i] for i in layers], dim=1)  # [T, moe layers, k]
         tracing.point("RoutedExpertsCapturer.on_forward_end", num_tokens=stacked.shape[0], copy="device_to_host")
-        self.host_buffer[out_cache_loc.cpu()] = stacked.to("cpu", torch.int32)
+        rows = torch.full((stacked.shape[0], self.num_layers, self.top_k), -1, dtype=torch.int32)
+        rows[:, layers] = stacked.to("cpu", torch.int32)
+        self.host_buffer[out_cache_loc.cpu()] = rows
         self._device_rows.clear()
 
     def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:

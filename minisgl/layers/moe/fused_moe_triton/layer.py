@@ -21,7 +21,7 @@ from minisgl.distributed.parallel_state import (
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.moe.fused_moe_triton.fused_moe import fused_moe
-from minisgl.layers.moe.topk import select_experts
+from minisgl.layers.moe.topk import TopKConfig, select_experts
 
 
 class FusedMoE(nn.Module):
@@ -33,6 +33,9 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         layer_id: int,
         renormalize: bool = True,
+        num_expert_group: int | None = None,
+        topk_group: int | None = None,
+        correction_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -41,7 +44,15 @@ class FusedMoE(nn.Module):
         self.num_experts = num_experts
         self.top_k = top_k
         self.layer_id = layer_id
-        self.renormalize = renormalize
+        # Grouped routing (DeepSeek) when the model names expert groups; see topk.py.
+        self.topk_config = TopKConfig(
+            top_k=top_k,
+            renormalize=renormalize,
+            use_grouped_topk=num_expert_group is not None,
+            num_expert_group=num_expert_group,
+            topk_group=topk_group,
+            correction_bias=correction_bias,
+        )
         self.intermediate_size_per_partition = intermediate_size // self.tp_size
         inter = self.intermediate_size_per_partition
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
@@ -60,7 +71,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         with get_global_expert_distribution_recorder().with_current_layer(self.layer_id):
-            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize, self.layer_id)
+            topk_weights, topk_ids = select_experts(router_logits, self.topk_config, self.layer_id)
         # The grouped Triton kernel on the GPU; on the CPU the loop over experts is faster
         # than the interpreted kernel (which the kernel tests run against this loop).
         experts = fused_moe if hidden_states.is_cuda else fused_experts_native
