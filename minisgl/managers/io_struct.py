@@ -54,7 +54,7 @@ class GenerateReqInput:
             self.is_single = isinstance(self.text, str)
             prompts = [self.text] if self.is_single else _as_list("text", self.text)
             for t in prompts:
-                _check_text("text", t)
+                check_text("text", t)
         else:
             ids = _as_list("input_ids", self.input_ids)
             self.is_single = not ids or not isinstance(ids[0], list)
@@ -99,11 +99,11 @@ class GenerateReqInput:
         if self.rid is None:
             return [uuid.uuid4().hex for _ in range(num)]
         if isinstance(self.rid, str):
-            _check_text("rid", self.rid)
+            check_text("rid", self.rid)
             return [self.rid] if num == 1 else [f"{self.rid}_{i}" for i in range(num)]
         rids = _per_prompt("rid", self.rid, self.batch_size)
         for r in rids:
-            _check_text("rid", r)
+            check_text("rid", r)
         if self.parallel_sample_num > 1:
             return [f"{rids[i // self.parallel_sample_num]}_{i % self.parallel_sample_num}" for i in range(num)]
         return list(rids)
@@ -142,7 +142,8 @@ def check_type(name: str, value, kind: type):
     return value
 
 
-def _check_text(name: str, value) -> None:
+def check_text(name: str, value) -> None:
+    """A ValueError unless value is a str that UTF-8 can carry (no lone surrogate)."""
     check_type(name, value, str)
     try:
         value.encode("utf-8")

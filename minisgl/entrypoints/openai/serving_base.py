@@ -24,6 +24,9 @@ from minisgl.managers.tokenizer_manager import TokenizerManager
 
 
 def error_body(message: str, status_code: int) -> ErrorResponse:
+    # A message may quote the client's input, which may hold a lone surrogate that no UTF-8
+    # response can carry: escape it rather than fail while reporting the failure.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     if status_code == HTTPStatus.UNAUTHORIZED:
         error_type = "authentication_error"
     else:
@@ -54,20 +57,23 @@ class OpenAIServingBase:
             adapted = self._convert_to_internal_request(request)
         except ValueError as e:
             return create_error_response(str(e))
-        adapted.rid = uuid.uuid4().hex
+        # The response id; GenerateReqInput's normalization turns adapted.rid into one per request.
+        rid = adapted.rid = uuid.uuid4().hex
         if request.stream:
-            return await self._handle_streaming_request(adapted, request, raw_request)
-        return await self._handle_non_streaming_request(adapted, request, raw_request)
+            return await self._handle_streaming_request(adapted, rid, request, raw_request)
+        return await self._handle_non_streaming_request(adapted, rid, request, raw_request)
 
-    async def _handle_non_streaming_request(self, adapted: GenerateReqInput, request, raw_request: Request) -> Response:
+    async def _handle_non_streaming_request(
+        self, adapted: GenerateReqInput, rid: str, request, raw_request: Request
+    ) -> Response:
         try:
             ret = await anext(self.tokenizer_manager.generate_request(adapted, raw_request))
         except ValueError as e:
             return create_error_response(str(e))
-        response = self._build_response(request, adapted.rid, ret if isinstance(ret, list) else [ret])
+        response = self._build_response(request, rid, ret if isinstance(ret, list) else [ret])
         return JSONResponse(response.model_dump())
 
-    async def _handle_streaming_request(self, adapted: GenerateReqInput, request, raw_request: Request) -> Response:
+    async def _handle_streaming_request(self, adapted: GenerateReqInput, rid: str, request, raw_request: Request) -> Response:
         stream = self.tokenizer_manager.generate_request(adapted, raw_request)
         try:
             # Validation runs before the first chunk: a bad request gets a 400, not a broken stream.
@@ -82,7 +88,7 @@ class OpenAIServingBase:
 
         async def sse() -> AsyncIterator[str]:
             try:
-                async for event in self._generate_stream(request, adapted.rid, chunks()):
+                async for event in self._generate_stream(request, rid, chunks()):
                     yield f"data: {event.model_dump_json()}\n\n"
             except Exception as e:
                 # The status line has gone out; the error can only travel in the stream (SGLang's way).

@@ -26,7 +26,7 @@ from minisgl.entrypoints.openai.protocol import (
     TopLogprob,
 )
 from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields, usage_of
-from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.io_struct import GenerateReqInput, check_text
 
 # OpenAI's limit on top alternatives per token for chat.
 MAX_TOP_LOGPROBS = 20
@@ -70,6 +70,7 @@ class OpenAIServingChat(OpenAIServingBase):
             prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template may raise anything on messages it does not accept
             raise ValueError(f"the chat template rejected the messages: {e}") from None
+        check_text("messages", prompt)  # a lone surrogate in a message would fail inside the tokenizer
         # The template already wrote any BOS it wants; adding special tokens again would double it.
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
