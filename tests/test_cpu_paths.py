@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.entrypoints.engine import Engine
-from minisgl.kernels.cpu import has_packed_gemm
+from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
 from minisgl.layers import linear
 from minisgl.layers.linear import LinearBase, apply_linear, pack_linear_weight
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool
@@ -16,20 +16,23 @@ from minisgl.server_args import ServerArgs
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("rows", [1, 37, 300])
-@pytest.mark.parametrize("out_features", [96, 72])
+@pytest.mark.parametrize("out_features", [96, 72])  # 72: not a multiple of any panel width, so oneDNN
 @pytest.mark.parametrize("gemm", ["minisgl", "oneDNN"])
 def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, monkeypatch):
-    if gemm == "oneDNN":  # the path of CPUs without AVX-512, where weight_packed_linear is not built
+    if gemm == "oneDNN":  # the path where the kernels cannot be built
         monkeypatch.setattr(linear, "has_packed_gemm", lambda: False)
     g = torch.Generator().manual_seed(rows)
     weight = torch.randn(out_features, 64, generator=g).to(dtype)
     bias = torch.randn(out_features, generator=g).to(dtype)
     x = torch.randn(rows, 64, generator=g).to(dtype)
     packed = pack_linear_weight(weight)
-    if linear.has_packed_gemm() and out_features % 32 == 0 and packed.dtype == torch.float32:
-        assert packed.shape == (out_features // 32, 64, 32)  # minisgl's float32 panels (gemm.cpp)
-    else:
-        assert packed.is_mkldnn  # oneDNN's blocked layout, maybe as float32
+    if packed.dim() == 3:  # minisgl's panels (gemm.cpp), in the weight's own dtype
+        assert linear.has_packed_gemm() and out_features % packed_gemm_block_n() == 0
+        assert packed.shape == (out_features // packed_gemm_block_n(), 64, packed_gemm_block_n())
+        assert packed.dtype == dtype
+    else:  # oneDNN's blocked layout: 16-bit where oneDNN multiplies it on this CPU, else a float32 copy
+        assert packed.is_mkldnn
+        assert packed.dtype == (dtype if linear._onednn_supports(dtype) else torch.float32)
     y = apply_linear(x, packed, bias)
     assert y.dtype == dtype and y.shape == (rows, out_features)
     torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float(), bias.float()), atol=tol, rtol=tol)
@@ -37,14 +40,18 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, mo
     assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, out_features)
 
 
-@pytest.mark.skipif(not has_packed_gemm(), reason="weight_packed_linear is built for AVX-512 only")
-def test_loaded_model_multiplies_through_the_packed_gemm(tiny_llama):
-    engine = Engine(model_path=tiny_llama, device="cpu", max_total_tokens=256)
+@pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype):
+    """Every linear layer's weight is packed once, in the model's dtype: a bf16 model holds no float32 copy."""
+    engine = Engine(model_path=tiny_llama, device="cpu", dtype=dtype, max_total_tokens=256)
     try:
         model = engine.scheduler.tp_worker.model_runner.model
         linears = [m for m in model.modules() if isinstance(m, LinearBase)]
-        assert linears and all(m.weight.dim() == 3 for m in linears)  # every N here is a multiple of 32
-        assert model.lm_head.gemm_weight.dim() == 3  # the LM head's packed copy; the tied weight stays plain
+        assert linears and all(m.weight.dtype == getattr(torch, dtype) for m in linears)
+        if not linear._onednn_is_faster(getattr(torch, dtype)):  # every N here is a multiple of 32
+            assert all(m.weight.dim() == 3 for m in linears)
+            assert model.lm_head.gemm_weight.dim() == 3  # the LM head's packed copy; the tied weight stays plain
         assert model.lm_head.weight.dim() == 2
     finally:
         engine.shutdown()

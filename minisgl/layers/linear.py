@@ -23,7 +23,7 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.kernels.cpu import has_packed_gemm
+from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,12 +34,12 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     weight_packed_linear for a 3-D (panel-packed) weight, else oneDNN's linear: F.linear goes
     through MKL's sgemm, which measured about half of oneDNN's rate on these machines.
     """
-    if weight.dim() == 3:  # float32 panels from convert_weight_packed (minisgl/kernels/cpu/gemm.cpp)
+    if weight.dim() == 3:  # panels from convert_weight_packed (minisgl/kernels/cpu/gemm.cpp), in the model dtype
         y = torch.ops.minisgl_kernel.weight_packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
     if weight.is_mkldnn or (x.is_cpu and torch.backends.mkldnn.is_available()):
         x2d = x.reshape(-1, x.shape[-1])
-        if weight.dtype != x.dtype:  # a float32 copy of a bf16/fp16 weight: see pack_linear_weight
+        if weight.dtype != x.dtype:  # a float32 copy of a 16-bit weight oneDNN cannot multiply here
             y = torch.ops.mkldnn._linear_pointwise(
                 x2d.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype), "none", [], ""
             ).to(x.dtype)
@@ -53,54 +53,66 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """The weight in the layout apply_linear runs fastest with; elsewhere than CPU, the weight as is.
 
     Mirrors SGLang's _amx_process_weight_after_loading (layers/amx_utils.py), which repacks CPU
-    weights once after loading for its own GEMM kernel. In order of preference on CPU:
+    weights once after loading for its own GEMM kernel. On CPU, in the weight's own dtype:
 
-    - a bf16 weight stays bf16, in oneDNN's blocked layout, where this CPU multiplies bf16 at
-      least about as fast as float32 (AMX, or a full-rate bf16 dot product);
-    - float32 panels [N / 32, K, 32] for minisgl's weight_packed_linear, where it was built
-      (AVX-512) and N is a multiple of 32: decode-sized GEMMs measured 1.3-1.7x oneDNN's rate;
-    - oneDNN's blocked layout in float32, which oneDNN would otherwise re-derive on every call
-      (packed once, decode-sized GEMMs measured 25-35% faster).
+    - panels [N / B, K, B] for minisgl's weight_packed_linear (B = 32 with AVX-512, 16 with
+      AVX2; N must be a multiple of B), unless oneDNN measures faster on this CPU in this dtype
+      (:func:`_onednn_is_faster`, e.g. bf16 on a CPU with AMX);
+    - else oneDNN's blocked layout, which oneDNN would otherwise re-derive on every call (packed
+      once, decode-sized GEMMs measured 25-35% faster). Where oneDNN cannot multiply a 16-bit
+      dtype (bf16 needs AVX-512), that one layer keeps a float32 copy.
 
-    So a 16-bit weight usually becomes float32. Each product of two bf16 (or fp16) numbers is
-    exact in float32 and a bf16 GEMM accumulates in float32 as well, so results differ from a
-    bf16 GEMM's only in summation order; it costs twice the weight memory. The result is only
-    for apply_linear to read.
+    A bf16 or fp16 weight therefore stays 16-bit, and a 16-bit model takes half the memory of a
+    float32 one. The result is only for apply_linear to read.
     """
     if not weight.is_cpu:
         return weight
-    mkldnn = torch.backends.mkldnn.is_available()
-    if weight.dtype == torch.bfloat16 and mkldnn and not _cpu_prefers_float32_gemm():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64)
-    if has_packed_gemm() and weight.shape[0] % 32 == 0:
-        return torch.ops.minisgl_kernel.convert_weight_packed(weight.detach())  # upcasts to float32 itself
-    if mkldnn:
-        # The hint is the batch size oneDNN tunes the layout for; any batch size works.
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), 64)
-    return weight
+    weight = weight.detach()
+    if has_packed_gemm() and weight.shape[0] % packed_gemm_block_n() == 0 and not _onednn_is_faster(weight.dtype):
+        return torch.ops.minisgl_kernel.convert_weight_packed(weight)
+    if not torch.backends.mkldnn.is_available():
+        return weight
+    # The hint is the batch size oneDNN tunes the layout for; any batch size works.
+    return torch.ops.mkldnn._reorder_linear_weight(weight if _onednn_supports(weight.dtype) else weight.float(), 64)
+
+
+def _onednn_supports(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies this dtype natively on this CPU (its bf16 and fp16 kernels need AVX-512)."""
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return dtype == torch.float32
 
 
 @functools.cache
-def _cpu_prefers_float32_gemm() -> bool:
-    """Whether oneDNN runs a decode-sized float32 GEMM clearly faster than the same bf16 one here.
+def _onednn_is_faster(dtype: torch.dtype) -> bool:
+    """Whether oneDNN runs a decode-sized GEMM in this dtype clearly (10%) faster than minisgl's.
 
-    Decided by timing both (about 50 ms, once per process), since it depends on the CPU's
-    matrix units: AMX or a full-rate bf16 dot product make bf16 the faster one.
+    Decided by timing both (about 50 ms, once per process and dtype), since it depends on the
+    CPU: AMX, for one, makes oneDNN's bf16 the faster. The shape is a decode step's MLP
+    projection at batch 64, where the two differ most: minisgl's GEMM prefetches the weight
+    stream, oneDNN computes faster once the weights are in cache.
     """
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not (torch.backends.mkldnn.is_available() and _onednn_supports(dtype)):
+        return False
+    if not has_packed_gemm():
         return True
+    x, w = torch.randn(64, 1024).to(dtype), torch.randn(2048, 1024).to(dtype)
+    onednn = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+    packed = torch.ops.minisgl_kernel.convert_weight_packed(w)
 
-    def best_time(dtype: torch.dtype) -> float:
-        x = torch.randn(64, 1024).to(dtype)
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(2048, 1024).to(dtype), 64)
-        times = []
-        for _ in range(6):
-            start = time.perf_counter()
-            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def elapsed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
 
-    return best_time(torch.bfloat16) > 1.25 * best_time(torch.float32)
+    # Alternating, so that both see the same machine (another process may be taking the cores).
+    ours, theirs = float("inf"), float("inf")
+    for _ in range(6):
+        ours = min(ours, elapsed(lambda: torch.ops.minisgl_kernel.weight_packed_linear(x, packed, None)))
+        theirs = min(theirs, elapsed(lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")))
+    return theirs < 0.9 * ours
 
 
 class LinearBase(nn.Module):

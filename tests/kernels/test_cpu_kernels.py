@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.entrypoints.engine import Engine
-from minisgl.kernels.cpu import has_packed_gemm, is_available
+from minisgl.kernels.cpu import is_available
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.layernorm import RMSNorm
@@ -143,39 +143,46 @@ def test_rotary_embedding_matches_forward_native(dtype, rotary_dim):
     torch.testing.assert_close(k_out, k_ref, atol=TOLERANCE[dtype], rtol=0)
 
 
-packed_gemm = pytest.mark.skipif(not has_packed_gemm(), reason="weight_packed_linear is built for AVX-512 only")
+def block_n() -> int:
+    return ops.weight_packed_block_n()  # 32 with AVX-512, 16 with AVX2
 
 
-@packed_gemm
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 11, 12, 13, 64, 128, 129, 300])  # tile edges (12) and row chunks (128)
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 11, 12, 13, 64, 128, 129, 300])  # tile edges (6, 12) and row chunks (128)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_weight_packed_linear_matches_float64(dtype, rows, with_bias):
+def test_weight_packed_linear_matches_float64(dtype, weight_dtype, rows, with_bias):
     g = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 70, generator=g).to(dtype)  # three panels; K not a multiple of anything
+    weight = torch.randn(96, 70, generator=g).to(dtype).to(weight_dtype)  # 3 or 6 panels; K not a multiple of anything
     bias = torch.randn(96, generator=g).to(dtype) if with_bias else None
     x = torch.randn(rows, 80, generator=g).to(dtype)[:, 3:73]  # a strided view, as a split QKV output is
     packed = ops.convert_weight_packed(weight)
-    assert packed.shape == (3, 70, 32) and packed.dtype == torch.float32
+    assert packed.shape == (96 // block_n(), 70, block_n()) and packed.dtype == weight_dtype  # kept in its dtype
     y = ops.weight_packed_linear(x, packed, bias)
     ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert y.dtype == dtype and y.shape == (rows, 96)
-    # float32 accumulation; a bf16 result is additionally rounded once
+    # float32 accumulation; a 16-bit result is additionally rounded once
     torch.testing.assert_close(y.double(), ref, atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype])
-    if dtype != torch.float32:  # rounded as it is stored: bit-identical to rounding the float32 result
-        y32 = ops.weight_packed_linear(x.float(), packed, None if bias is None else bias.float())
+    if dtype != torch.float32:
+        # 16-bit weights are widened exactly in registers and the result is rounded as it is stored:
+        # bit-identical to multiplying float32 copies in float32 and rounding that.
+        y32 = ops.weight_packed_linear(x.float(), ops.convert_weight_packed(weight.float()),
+                                       None if bias is None else bias.float())
         assert torch.equal(y, y32.to(dtype))
 
 
-@packed_gemm
-def test_weight_packed_linear_rejects_bad_shapes():
-    with pytest.raises(RuntimeError, match="multiple of 32"):
+def test_weight_packed_linear_rejects_bad_shapes_and_dtypes():
+    with pytest.raises(RuntimeError, match=f"multiple of {block_n()}"):
         ops.convert_weight_packed(torch.randn(72, 64))
     packed = ops.convert_weight_packed(torch.randn(64, 64))
     with pytest.raises(RuntimeError, match="K=48"):
         ops.weight_packed_linear(torch.randn(3, 48), packed, None)
     with pytest.raises(RuntimeError, match="bias has 63 values"):
         ops.weight_packed_linear(torch.randn(3, 64), packed, torch.randn(63))
+    with pytest.raises(RuntimeError, match="bias is BFloat16"):
+        ops.weight_packed_linear(torch.randn(3, 64), packed, torch.randn(64).bfloat16())
+    with pytest.raises(RuntimeError, match="BFloat16 weight multiplies"):
+        ops.weight_packed_linear(torch.randn(3, 64).half(), ops.convert_weight_packed(torch.randn(64, 64).bfloat16()), None)
 
 
 @pytest.mark.parametrize("arch,page_size", [("llama", 1), ("qwen3", 4), ("qwen3_moe", 1)])

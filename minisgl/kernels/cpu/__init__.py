@@ -5,11 +5,17 @@ Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
 ``weight_packed_linear``) registered under ``torch.ops.minisgl_kernel``. SGLang builds a wheel
 with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
-``torch.utils.cpp_extension.load`` for whatever vector ISA ATen picked on this CPU and caches
-the library. The packed GEMM is float32 and AVX-512 only (:func:`has_packed_gemm`); without it
-linear layers stay on oneDNN. Omitted: MoE, quantized GEMMs, MLA and the shared-memory all-reduce.
+``torch.utils.cpp_extension.load`` and caches the library. Omitted: MoE, quantized GEMMs, MLA and
+the shared-memory all-reduce.
 
-Building needs a C++ compiler and ninja and takes about 27 s on two cores, once per machine
+Which vector ISA: the one ATen itself dispatches to on this CPU,
+``torch.backends.cpu.get_cpu_capability()`` (AVX512 or AVX2), since the sources use at::vec, whose
+width is fixed at compile time. Every kernel, the packed GEMM included, is built at either width.
+To build and run the narrower one on an AVX-512 machine, set ``ATEN_CPU_CAPABILITY=avx2`` (ATen
+then reports, and dispatches to, AVX2; add ``ONEDNN_MAX_CPU_ISA=AVX2`` to hold oneDNN there too).
+Each ISA gets its own cache directory, so switching back and forth rebuilds nothing twice.
+
+Building needs a C++ compiler and ninja and takes about 40 s on two cores, once per machine and ISA
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
 cannot build, :func:`is_available` is False, a warning says why, and callers keep their
 PyTorch paths; ``MINISGL_DISABLE_CPU_KERNELS=1`` does the same on purpose (for comparisons,
@@ -114,5 +120,11 @@ def is_available() -> bool:
 
 
 def has_packed_gemm() -> bool:
-    """Whether ``weight_packed_linear`` was built: it is compiled only for AVX-512 (gemm.cpp)."""
-    return is_available() and hasattr(torch.ops.minisgl_kernel, "weight_packed_linear")
+    """Whether ``weight_packed_linear`` can run: wherever the kernels built."""
+    return is_available()
+
+
+def packed_gemm_block_n() -> int:
+    """Columns per panel of ``convert_weight_packed``: two vector registers of float32 (32 with
+    AVX-512, 16 with AVX2); a weight's N must be a multiple of it."""
+    return torch.ops.minisgl_kernel.weight_packed_block_n()

@@ -12,6 +12,7 @@
 #include <ATen/cpu/vec/functional.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace minisgl {
@@ -35,21 +36,49 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
 
 // Keys per block of scores_by_tile: two vectors of scores per query row.
 constexpr int64_t kKeyBlock = 2 * Vec::size();
-// Query rows per tile of scores_by_tile: 12 x 2 accumulators stay in registers.
-constexpr int kScoreRows = 12;
+// Accumulators a tile keeps in registers: 24 of AVX-512's 32, 12 of AVX2's 16 (the rest hold the
+// operands being multiplied). More would spill to the stack on every step.
+constexpr int kAccumulators = Vec::size() == 16 ? 24 : 12;
+// Query rows per tile of scores_by_tile: two accumulators each.
+constexpr int kScoreRows = kAccumulators / 2;
 
 inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // Per-thread scratch: the block's queries (scaled, float32), scores (rows padded to whole key
-// blocks), softmax denominators and one block of transposed keys.
+// blocks), softmax denominators and one KV head's keys, transposed in blocks (scores_by_tile).
+// One per thread, kept from call to call and grown when a call needs more: allocating it per
+// layer was a measurable share of short decode steps.
 struct Scratch {
   std::vector<float> q_rows, scores, inv_sum, keys_t;
-  Scratch(int64_t rows, int64_t head_dim, int64_t max_kv_len)
-      : q_rows(rows * head_dim),
-        scores(rows * round_up(max_kv_len, kKeyBlock)),
-        inv_sum(rows),
-        keys_t(head_dim * kKeyBlock) {}
+  // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
+  // call kt_call. Later query blocks of the same request and head (extend) reuse them.
+  int64_t kt_call = -1, kt_request = -1, kt_head = -1, kt_keys = 0;
+
+  static Scratch& for_this_thread(int64_t rows, int64_t head_dim, int64_t max_kv_len) {
+    thread_local Scratch sc;
+    const auto grow = [](std::vector<float>& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    };
+    grow(sc.q_rows, rows * head_dim);
+    grow(sc.scores, rows * round_up(max_kv_len, kKeyBlock));
+    grow(sc.inv_sum, rows);
+    grow(sc.keys_t, head_dim * round_up(max_kv_len, kKeyBlock));
+    return sc;
+  }
 };
+
+// Which keys scores_by_tile may take from the thread's Scratch: those it transposed earlier in the
+// same call (call id from next_call_id) for the same request. call < 0: none.
+struct KeyReuse {
+  int64_t call = -1, request = -1;
+};
+
+// Identifies one call of an attention kernel, so that a thread's Scratch never reuses keys
+// transposed in an earlier call (another layer, or the same slots holding other tokens).
+inline int64_t next_call_id() {
+  static std::atomic<int64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
 
 // Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
 // dotted with every query row that sees it. A row sees key t if its token j >= t - start, start
@@ -99,25 +128,37 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 }
 
 // Pass 1 of attend_block when many query rows share each key (extend): a block of kKeyBlock keys is
-// widened and transposed once into keys_t[d][kKeyBlock], and then Q . K^T for the block is a small
-// GEMM: each query element is broadcast against a row of keys_t, with no horizontal sums (which
-// scores_by_key needs, one per query row and key). Rows that see none of a block's keys skip it.
+// widened and transposed once into keys_t[block][d][kKeyBlock], and then Q . K^T for the block is a
+// small GEMM: each query element is broadcast against a row of keys_t, with no horizontal sums
+// (which scores_by_key needs, one per query row and key). Rows that see none of a block's keys
+// skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
+// (which see the same keys and more) transpose only the keys they add: `who` names the call,
+// request and first KV head, or is null where nothing is to be reused.
 template <int kDim, typename scalar_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
-                    int64_t start) {
+                    int64_t start, const KeyReuse& who) {
   const int64_t d = kDim ? kDim : a.head_dim;
-  float* kt = sc.keys_t.data();
   for (int64_t h = 0; h < heads; ++h) {
+    if (who.call < 0 || sc.kt_call != who.call || sc.kt_request != who.request || sc.kt_head != head_begin + h) {
+      sc.kt_call = who.call;
+      sc.kt_request = who.request;
+      sc.kt_head = head_begin + h;
+      sc.kt_keys = 0;
+    }
     for (int64_t t0 = 0; t0 < kv_len; t0 += kKeyBlock) {
       const int64_t n = std::min(kKeyBlock, kv_len - t0);
-      for (int64_t t = 0; t < kKeyBlock; ++t) {
-        if (t < n) {
-          const scalar_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
-          for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
-        } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
-          for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
+      float* kt = sc.keys_t.data() + t0 * d;  // block t0 / kKeyBlock: [d][kKeyBlock]
+      if (t0 + n > sc.kt_keys) {  // a block not transposed yet, or only in part
+        for (int64_t t = 0; t < kKeyBlock; ++t) {
+          if (t < n) {
+            const scalar_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
+            for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
+          } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
+            for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
+          }
         }
+        sc.kt_keys = t0 + n;
       }
       // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
       for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
@@ -143,11 +184,11 @@ inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, 
   }
   for (int64_t t = 0; t < n; ++t) {
     const scalar_t* v = v_head + token_slots[t] * a.v_slot_stride;
-    Vec vt[kMaxVec];
-    for (int64_t c = 0; c < n_vec; ++c) vt[c] = load_float(v + c * Vec::size());
-    for (int i = 0; i < ROWS; ++i) {
-      const Vec pt(p[i * ld + t]);
-      for (int64_t c = 0; c < n_vec; ++c) acc[i][c] = at::vec::fmadd(pt, vt[c], acc[i][c]);
+    Vec pt[ROWS];
+    for (int i = 0; i < ROWS; ++i) pt[i] = Vec(p[i * ld + t]);
+    for (int64_t c = 0; c < n_vec; ++c) {  // one piece of v_t at a time: ROWS x n_vec accumulators + 1
+      const Vec vt = load_float(v + c * Vec::size());
+      for (int i = 0; i < ROWS; ++i) acc[i][c] = at::vec::fmadd(pt[i], vt, acc[i][c]);
     }
   }
   for (int i = 0; i < ROWS; ++i) {
@@ -164,7 +205,8 @@ inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, 
 template <int kDim, typename scalar_t>
 void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
                   const scalar_t* k_buf, const scalar_t* v_buf, const int32_t* token_slots, int64_t head_begin,
-                  int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc) {
+                  int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc,
+                  const KeyReuse& who = {}) {
   const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
   const int64_t heads = head_end - head_begin;
   const int64_t rows_per_head = count * a.group, rows = heads * rows_per_head;
@@ -187,7 +229,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   const int64_t ld = round_up(kv_len, kKeyBlock);
   if (rows_per_head >= kScoreRows) {
     scores_by_tile<kDim, scalar_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
-                                   prefix + first);
+                                   prefix + first, who);
   } else {
     scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
                                   prefix + first);
@@ -200,8 +242,8 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
     std::fill(s + visible(r), s + kv_len, 0.f);
   }
-  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows (24 accumulators in all).
-  constexpr int kValueRows = kDim ? std::max<int>(1, 24 / (kDim / Vec::size())) : 1;
+  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows (kAccumulators in all).
+  constexpr int kValueRows = kDim ? std::max<int>(1, kAccumulators / (kDim / Vec::size())) : 1;
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {

@@ -19,7 +19,8 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
       check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
   const int64_t bs = q.size(0), max_context = req_to_token.size(1);
   check_new_kv(a, q, key, value, loc);
-  const int64_t max_len = bs ? seq_lens.max().item<int64_t>() : 0;
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const int64_t max_len = bs ? *std::max_element(lens, lens + bs) : 0;  // a loop, not a tensor op per layer
   TORCH_CHECK(max_len <= max_context, "decode_attention_cpu: seq_len exceeds req_to_token");
   // One work item per request (all its KV heads: a slot's K/V rows are read whole) when there are
   // enough requests to keep every thread busy, otherwise one per (request, KV head).
@@ -27,11 +28,10 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
   const int64_t items_per_req = a.num_kv_heads / heads_per_item;
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention_cpu", [&] {
     const int64_t* req_idx = req_pool_indices.data_ptr<int64_t>();
-    const int64_t* lens = seq_lens.data_ptr<int64_t>();
     const int64_t* slots = loc.data_ptr<int64_t>();
     dispatch_head_dim(a, [&]<int kDim>() {
       at::parallel_for(0, bs * items_per_req, 1, [&](int64_t begin, int64_t end) {
-        Scratch scratch(heads_per_item * a.group, a.head_dim, max_len);
+        Scratch& scratch = Scratch::for_this_thread(heads_per_item * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
           const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
           store_kv(a, key, value, b, slots[b], head, head + heads_per_item, k_buffer.data_ptr<scalar_t>(),

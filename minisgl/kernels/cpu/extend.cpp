@@ -38,6 +38,7 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
     for (int64_t first = 0; first < ext_lens[b]; first += kBlock) blocks.emplace_back(b, first);
   }
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
+  const int64_t call = next_call_id();
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
     const int64_t* slots = loc.data_ptr<int64_t>();
     at::parallel_for(0, q.size(0), 64, [&](int64_t begin, int64_t end) {
@@ -47,17 +48,20 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
       }
     });
     dispatch_head_dim(a, [&]<int kDim>() {
+      // Items go KV head by KV head, and within one, a request's blocks in order: a thread walks a
+      // contiguous range of them, so its next block is usually the same request's next one and
+      // reuses the keys this one transposed (scores_by_tile).
       at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-        Scratch scratch(kBlock * a.group, a.head_dim, max_len);
+        Scratch& scratch = Scratch::for_this_thread(kBlock * a.group, a.head_dim, max_len);
         for (int64_t item = begin; item < end; ++item) {
-          const auto [b, first] = blocks[item / a.num_kv_heads];
-          const int64_t head = item % a.num_kv_heads;
+          const auto [b, first] = blocks[item % num_blocks];
+          const int64_t head = item / num_blocks;
           const int64_t count = std::min(kBlock, ext_lens[b] - first);
           attend_block<kDim>(a, q.data_ptr<scalar_t>() + ext_start[b] * q.stride(0),
                              o.data_ptr<scalar_t>() + ext_start[b] * o.stride(0), o.stride(0),
                              k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
                              req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + 1,
-                             /*prefix=*/lens[b] - ext_lens[b], first, count, scratch);
+                             /*prefix=*/lens[b] - ext_lens[b], first, count, scratch, KeyReuse{call, b});
         }
       });
     });

@@ -1,157 +1,201 @@
 // Dense GEMM for linear layers, on a weight packed once into column panels (mirrors
 // sgl-kernel/csrc/cpu/gemm.cpp: convert_weight_packed and weight_packed_linear).
 //
-// y[M, N] = x[M, K] W[N, K]^T + bias. convert_weight_packed lays W out as [N / 32][K][32]: panel j
-// holds output columns 32j..32j+31, and one k-step of it is 32 consecutive floats, two AVX-512
-// registers. A tile of up to 12 rows of x keeps 12 x 2 accumulators in registers (24 of the 32)
-// while it walks one panel front to back; the other tiles of the same rows walk it again from cache.
+// y[M, N] = x[M, K] W[N, K]^T + bias. convert_weight_packed lays W out as [N / BLOCK_N][K][BLOCK_N]:
+// panel j holds output columns BLOCK_N j .. BLOCK_N j + BLOCK_N - 1, and one k-step of it is two
+// vector registers of float32 (BLOCK_N = 32 with AVX-512, 16 with AVX2). A tile of up to MAX_ROWS
+// rows of x keeps MAX_ROWS x 2 accumulators in registers while it walks one panel front to back;
+// the other tiles of the same rows walk it again from cache. The code is the same at both widths:
+// at::vec::Vectorized<float> is one zmm register with AVX-512 and one ymm with AVX2.
 //
 // Why not oneDNN, which minisgl used before: in decode a GEMM has few rows (one per running
-// request) and its weights come from DRAM, not cache. oneDNN ran those at 150-200 GFLOP/s on a
-// 2-core Xeon whose float32 peak is about 310, leaving the FMA units idle while weights arrived.
-// Here, while the tiles multiply panel j, they prefetch panel j + 1 into L2, spread evenly over
-// their k-steps, so loading the next panel overlaps computing this one. That lifted decode-sized
-// GEMMs to 1.3-1.7x oneDNN's rate, within reach of the peak at 64 rows (benchmarks/roofline.py
-// prints both). At prefill sizes, where the weights stay in cache, oneDNN is still 4-6% faster.
+// request) and its weights come from DRAM, not cache. oneDNN leaves the FMA units idle while the
+// weights arrive. Here, while the tiles multiply panel j, they prefetch panel j + 1 into L2, spread
+// evenly over their k-steps, so loading the next panel overlaps computing this one.
 //
-// What SGLang's version has and this one omits: bf16/fp16 weights in the VNNI layout multiplied
-// by AMX tiles (brgemm), and int8/fp8 weights. Here weights are float32 (16-bit ones are upcast
-// when packed; exact, since every bf16 value is a float32 value) and 16-bit activations are
-// upcast per call. AVX-512 only: elsewhere minisgl keeps oneDNN.
-#include "common.h"
-
-#if defined(CPU_CAPABILITY_AVX512)
+// Weights are kept in the model's dtype: a bf16 or fp16 panel is widened to float32 in registers as
+// it is read (exact: every bf16 and fp16 value is a float32 value), so a 16-bit model streams half
+// the bytes of a float32 one and keeps no float32 copy. Activations are float32 inside (16-bit ones
+// are widened once per call), products are accumulated in float32 and rounded to the output dtype as
+// they are stored: the result differs from F.linear on the float32 weights only in summation order.
+// What SGLang's version has and this one omits: the VNNI layout multiplied by AMX tiles (brgemm)
+// and int8/fp8 weights.
 #include <immintrin.h>
 
 #include <optional>
 
+#include "common.h"
+
 namespace minisgl {
 namespace {
 
-// Columns per panel: two 16-float registers. (48-column panels with 8-row tiles measured about 4%
-// faster on prefill-sized GEMMs, the same on decode-sized ones, but would need N % 48 == 0, which
-// Qwen's vocabulary of 151,936 is not; 32 divides every N of SmolLM2, Qwen2.5-0.5B and Qwen3-0.6B.)
-constexpr int64_t BLOCK_N = 32;
-constexpr int MAX_ROWS = 12;  // rows per tile: 12 x 2 accumulators + 2 weight registers + 1 broadcast
+using fVec = at::vec::Vectorized<float>;
+constexpr int64_t VLEN = fVec::size();  // 16 floats with AVX-512, 8 with AVX2
+constexpr int64_t BLOCK_N = 2 * VLEN;   // columns per panel: two registers
+// Rows per tile: 2 x MAX_ROWS accumulators, 2 weight registers and 1 broadcast fit in the 32 zmm
+// registers of AVX-512 (12 rows: 27) or the 16 ymm of AVX2 (6 rows: 15).
+constexpr int MAX_ROWS = VLEN == 16 ? 12 : 6;
 // Large M (prefill) goes in chunks of 128 rows: all tiles of a chunk re-read a panel while it is
-// still in L2 (a 576-deep panel is 72 KiB), and the chunk's rows stay there too. On 2,048 rows,
-// whole-M passes or 256-row chunks measured 5-10% slower; blocking K as well gained nothing.
+// still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
+// too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
+// The register type under fVec, for the accumulator arrays: GCC keeps an array of raw __m512 or
+// __m256 in registers, but spills an array of Vectorized<float> objects to the stack, which made
+// every FMA a load and a store (the AVX2 build measured at a third of oneDNN's rate before this).
+#if defined(CPU_CAPABILITY_AVX512)
+using Reg = __m512;
+#elif defined(CPU_CAPABILITY_AVX2)
+using Reg = __m256;
+#else
+using Reg = fVec;
+#endif
 
-// Stores 32 float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to() does)
-// straight from the registers instead of in a second pass over a float32 copy.
+// One k-step of a panel (BLOCK_N weights) as two float32 registers. A 16-bit half is widened as it
+// is loaded (vpmovzxwd + a shift for bf16, vcvtph2ps for fp16, both reading memory directly):
+// loading the whole register and splitting it first cost an extra shuffle per k-step.
+template <typename w_t>
+inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
+  return {load_float(p), load_float(p + VLEN)};
+}
+
+// Stores BLOCK_N float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to()
+// does) straight from the registers, with the conversion store_row (common.h) uses.
 template <typename out_t>
-inline void store_32(out_t* dst, __m512 lo, __m512 hi) {
+inline void store_panel_row(out_t* dst, fVec lo, fVec hi) {
   if constexpr (std::is_same_v<out_t, float>) {
-    _mm512_storeu_ps(dst, lo);
-    _mm512_storeu_ps(dst + 16, hi);
-  } else {  // the same conversion store_row (common.h) uses
-    at::vec::convert_from_float<out_t>(at::vec::Vectorized<float>(lo), at::vec::Vectorized<float>(hi)).store(dst);
+    lo.store(dst);
+    hi.store(dst + VLEN);
+  } else {
+    at::vec::convert_from_float<out_t>(lo, hi).store(dst);
   }
 }
 
-// C[ROWS, 32] = A[ROWS, K] B[K, 32] + bias. ROWS is a template parameter so the accumulators are
-// registers. Meanwhile, k-step k prefetches the line at `next + (k * next_step >> 16)` and the one
-// after it (16.16 fixed point: a tile shares its panel's prefetch work with the others, see gemm_rows).
-// Kept out of line: inlined into gemm_rows, all twelve heights at once, it measured about 5% slower.
-template <int ROWS, typename out_t>
-__attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const float* __restrict B, int64_t K,
-                                    out_t* __restrict C, int64_t ldc, const float* __restrict bias, const float* next,
+// C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
+// accumulators are registers. Meanwhile, k-step k prefetches the 128 bytes at
+// `next + (k * next_step >> 16)` (16.16 fixed point, in bytes: a tile shares its panel's prefetch
+// work with the others, see gemm_rows). Kept out of line: inlined into gemm_rows, all heights at
+// once, it measured about 5% slower.
+template <int ROWS, typename w_t, typename out_t>
+__attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const w_t* __restrict B, int64_t K,
+                                    out_t* __restrict C, int64_t ldc, const out_t* __restrict bias, const char* next,
                                     int64_t next_step) {
-  __m512 c0[ROWS], c1[ROWS];
+  Reg c0[ROWS], c1[ROWS];
+  const Reg b_lo = bias ? load_float(bias) : fVec(0.f);
+  const Reg b_hi = bias ? load_float(bias + VLEN) : fVec(0.f);
 #pragma GCC unroll 12
   for (int i = 0; i < ROWS; ++i) {
-    c0[i] = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-    c1[i] = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+    c0[i] = b_lo;
+    c1[i] = b_hi;
   }
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(B + k * BLOCK_N);
-    const __m512 b1 = _mm512_loadu_ps(B + k * BLOCK_N + 16);
+    const auto [b0, b1] = load_panel_row(B + k * BLOCK_N);
     if (next) {  // into L2 (T1): L1 is too small to hold it until its turn
-      const float* line = next + ((k * next_step) >> 16);
-      _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(line + 16), _MM_HINT_T1);
+      const char* line = next + ((k * next_step) >> 16);
+      _mm_prefetch(line, _MM_HINT_T1);
+      _mm_prefetch(line + 64, _MM_HINT_T1);
     }
 #pragma GCC unroll 12
     for (int i = 0; i < ROWS; ++i) {
-      const __m512 a = _mm512_set1_ps(A[i * lda + k]);
-      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-      c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+      const fVec a(A[i * lda + k]);
+      c0[i] = at::vec::fmadd(a, b0, fVec(c0[i]));
+      c1[i] = at::vec::fmadd(a, b1, fVec(c1[i]));
     }
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < ROWS; ++i) store_32(C + i * ldc, c0[i], c1[i]);
+  for (int i = 0; i < ROWS; ++i) store_panel_row(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
 }
 
 // Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB. Within a panel the rows go in tiles
-// of nearly equal height (64 rows: 11, 11, 11, 11, 10, 10). Tile t of T prefetches the t-th T-th
-// of the next panel, 32 / T floats per k-step, so the next panel is in L2 once this one is done.
-template <typename out_t>
-void gemm_rows(const float* A, int64_t lda, const float* B, out_t* C, int64_t N, int64_t K, const float* bias,
+// of nearly equal height (64 rows with AVX-512: 11, 11, 11, 11, 10, 10). Tile t of T prefetches the
+// t-th T-th of the next panel, so the next panel is in L2 once this one is done.
+template <typename w_t, typename out_t>
+void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, int64_t K, const out_t* bias,
                int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end, int64_t NB) {
   const int64_t tiles = (m_end - m_begin + MAX_ROWS - 1) / MAX_ROWS;
   const int64_t panel_size = K * BLOCK_N;
+  const int64_t step_bytes = static_cast<int64_t>(BLOCK_N * sizeof(w_t)) << 16;  // a panel's k-step, 16.16
   for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-    const float* panel = B + nb * panel_size;
-    const float* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
+    const w_t* panel = B + nb * panel_size;
+    const out_t* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
     int64_t m = m_begin;
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t height = (m_end - m + (tiles - t) - 1) / (tiles - t);
-      const float* next = nb + 1 < NB ? panel + panel_size + t * panel_size / tiles : nullptr;
+      const char* next =
+          nb + 1 < NB ? reinterpret_cast<const char*>(panel + panel_size + t * panel_size / tiles) : nullptr;
       with_rows<MAX_ROWS>(height, [&]<int R>() {
-        tile<R>(A + m * lda, lda, panel, K, C + m * N + nb * BLOCK_N, N, panel_bias, next, (BLOCK_N << 16) / tiles);
+        tile<R>(A + m * lda, lda, panel, K, C + m * N + nb * BLOCK_N, N, panel_bias, next, step_bytes / tiles);
       });
       m += height;
     }
   }
 }
 
+// Calls fn.template operator()<w_t>() for the weight's dtype: float32, or the output's own 16-bit dtype.
+template <typename out_t, typename Fn>
+void with_weight_type(at::ScalarType weight, Fn&& fn) {
+  if (weight == at::kFloat) {
+    fn.template operator()<float>();
+  } else if constexpr (!std::is_same_v<out_t, float>) {
+    TORCH_CHECK(weight == c10::CppTypeToScalarType<out_t>::value, "weight_packed_linear: a ", weight,
+                " weight multiplies float32 or ", weight, " activations, got ", c10::CppTypeToScalarType<out_t>::value);
+    fn.template operator()<out_t>();
+  } else {
+    TORCH_CHECK(false, "weight_packed_linear: a ", weight, " weight multiplies ", weight, " activations, got float32");
+  }
+}
+
 }  // namespace
 
-// W [N, K] in any float dtype -> float32 panels [N / 32, K, 32]. The 3-D shape is how apply_linear
+// W [N, K] -> panels [N / BLOCK_N, K, BLOCK_N] in W's own dtype. The 3-D shape is how apply_linear
 // tells a packed weight from a plain one.
 at::Tensor convert_weight_packed(const at::Tensor& weight) {
   CHECK_CPU(weight);
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) % BLOCK_N == 0,
               "convert_weight_packed: expects [N, K] with N a multiple of ", BLOCK_N, ", got ", weight.sizes());
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "convert_weight_packed: expects a float32, bfloat16 or float16 weight, got ", dtype);
   const int64_t N = weight.size(0), K = weight.size(1);
-  return weight.to(at::kFloat).reshape({N / BLOCK_N, BLOCK_N, K}).transpose(1, 2).contiguous();
+  return weight.reshape({N / BLOCK_N, BLOCK_N, K}).transpose(1, 2).contiguous();
 }
 
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias) {
   CHECK_CPU(mat1);
   CHECK_INPUT(mat2);
-  TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 3 && mat2.size(2) == BLOCK_N && mat2.scalar_type() == at::kFloat,
+  TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 3 && mat2.size(2) == BLOCK_N,
               "weight_packed_linear: expects mat1 [M, K] and mat2 from convert_weight_packed");
   TORCH_CHECK(mat1.size(1) == mat2.size(1), "weight_packed_linear: mat1 has K=", mat1.size(1), ", mat2 has K=",
               mat2.size(1));
-  // 16-bit activations are upcast here and the result rounded back as it is stored: the same as
-  // multiplying the float32 copy of their weights, which is what the packed panels are.
+  // 16-bit activations are widened once here; the tiles broadcast one float32 value per row and k-step.
   const at::Tensor a = mat1.scalar_type() == at::kFloat && mat1.stride(1) == 1 ? mat1 : mat1.to(at::kFloat).contiguous();
   const int64_t M = a.size(0), K = a.size(1), NB = mat2.size(0), N = NB * BLOCK_N;
-  at::Tensor b_float;
-  if (bias.has_value()) {
-    CHECK_CPU(*bias);
+  if (bias.has_value()) {  // read in place, in the activations' dtype: no conversion per call
+    CHECK_INPUT(*bias);
     TORCH_CHECK(bias->numel() == N, "weight_packed_linear: bias has ", bias->numel(), " values for N=", N);
-    b_float = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bias->scalar_type() == mat1.scalar_type(), "weight_packed_linear: bias is ", bias->scalar_type(),
+                ", activations are ", mat1.scalar_type());
   }
   at::Tensor out = at::empty({M, N}, mat1.options());
   const float* A = a.data_ptr<float>();
-  const float* B = mat2.data_ptr<float>();
-  const float* bias_ptr = b_float.defined() ? b_float.data_ptr<float>() : nullptr;
   MINISGL_DISPATCH_FLOATING_TYPES(out.scalar_type(), "weight_packed_linear", [&] {
-    scalar_t* C = out.data_ptr<scalar_t>();
-    // Threads split the panels, so each streams its own share of the weight.
-    for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
-      const int64_t m1 = std::min(M, m0 + CHUNK_M);
-      at::parallel_for(0, NB, 1, [&](int64_t nb_begin, int64_t nb_end) {
-        gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb_begin, nb_end, NB);
-      });
-    }
+    using out_t = scalar_t;
+    out_t* C = out.data_ptr<out_t>();
+    const out_t* bias_ptr = bias.has_value() ? bias->data_ptr<out_t>() : nullptr;
+    with_weight_type<out_t>(mat2.scalar_type(), [&]<typename w_t>() {
+      const w_t* B = static_cast<const w_t*>(mat2.data_ptr());
+      // Threads split the panels, so each streams its own share of the weight.
+      for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
+        const int64_t m1 = std::min(M, m0 + CHUNK_M);
+        at::parallel_for(0, NB, 1, [&](int64_t nb_begin, int64_t nb_end) {
+          gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb_begin, nb_end, NB);
+        });
+      }
+    });
   });
   return out;
 }
 
-}  // namespace minisgl
+// The panel width, for callers that must know which N convert_weight_packed accepts.
+int64_t weight_packed_block_n() { return BLOCK_N; }
 
-#endif  // CPU_CAPABILITY_AVX512
+}  // namespace minisgl

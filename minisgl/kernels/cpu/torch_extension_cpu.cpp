@@ -23,10 +23,9 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
                           const at::Tensor& extend_start_loc, double scale);
-#if defined(CPU_CAPABILITY_AVX512)
 at::Tensor convert_weight_packed(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
-#endif
+int64_t weight_packed_block_n();
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -43,10 +42,9 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor key,"
       " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens,"
       " Tensor extend_seq_lens, Tensor extend_start_loc, float scale) -> ()");
-#if defined(CPU_CAPABILITY_AVX512)  // the packed GEMM exists only where it was compiled (gemm.cpp)
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
-#endif
+  m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
 }
 
 TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
@@ -56,8 +54,6 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("rotary_embedding_cpu", &minisgl::rotary_embedding_cpu);
   m.impl("decode_attention_cpu", &minisgl::decode_attention_cpu);
   m.impl("extend_attention_cpu", &minisgl::extend_attention_cpu);
-#if defined(CPU_CAPABILITY_AVX512)
   m.impl("convert_weight_packed", &minisgl::convert_weight_packed);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
-#endif
 }
