@@ -61,7 +61,7 @@ def measure(engine, prompts: list[str], extra: dict, steps: int) -> tuple[float,
     try:
         # Two warm-up steps, then the timed ones; every request is still running at the last.
         params = {"temperature": 0, "max_new_tokens": steps + 3, **extra}
-        engine.generate(prompt=prompts, sampling_params=params, show_progress=False)
+        engine.generate(prompt=prompts, sampling_params=params)
     finally:
         scheduler.run_batch, scheduler.process_batch_result = run_batch, process
         runner._preprocess_logits = preprocess

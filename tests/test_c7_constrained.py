@@ -107,7 +107,7 @@ def assert_pool_whole(engine) -> None:
     scheduler = engine.scheduler
     assert scheduler.is_idle() and not scheduler.grammar_manager.has_waiting_grammars()
     assert scheduler.flush_cache()
-    stats = scheduler.get_cache_stats()
+    stats = scheduler.get_internal_state()
     assert stats["available_kv_tokens"] == stats["max_total_num_tokens"], stats
     assert scheduler.req_to_token_pool.available_size() == scheduler.req_to_token_pool.size
 
@@ -127,13 +127,12 @@ def test_json_schema_outputs_parse_and_validate(engine):
     outs = engine.generate(
         prompt=[chat(engine, q) for q in SCHEMA_QUESTIONS],
         sampling_params=[{**GREEDY, "max_new_tokens": 128, "json_schema": s} for s in schemas],
-        show_progress=False,
     )
     for schema, out in zip(SCHEMAS, outs):
         assert_ended_by_its_grammar(out, engine)
         jsonschema.validate(json.loads(out["text"]), schema)
     # The first prompts were prefilled in chunks and later ones share the template's prefix.
-    assert engine.scheduler.get_cache_stats()["cached_tokens"] > 0
+    assert engine.scheduler.get_internal_state()["cached_tokens"] > 0
     assert_pool_whole(engine)
 
 
@@ -141,7 +140,6 @@ def test_regex_outputs_fullmatch(engine):
     outs = engine.generate(
         prompt=[chat(engine, q) for _, q in REGEXES],
         sampling_params=[{**GREEDY, "max_new_tokens": 32, "regex": r} for r, _ in REGEXES],
-        show_progress=False,
     )
     for (regex, _), out in zip(REGEXES, outs):
         assert_ended_by_its_grammar(out, engine)
@@ -153,7 +151,6 @@ def test_ebnf_outputs_parse(engine):
     outs = engine.generate(
         prompt=[chat(engine, q) for q in questions],
         sampling_params={**GREEDY, "max_new_tokens": 24, "ebnf": ARITHMETIC},
-        show_progress=False,
     )
     for out in outs:
         assert_ended_by_its_grammar(out, engine)
@@ -174,7 +171,7 @@ def test_free_requests_batched_with_constrained_ones_match_their_solo_outputs(en
         {**GREEDY, "max_new_tokens": 32, "regex": REGEXES[0][0]},
         free,
     ]
-    outs = engine.generate(prompt=prompts, sampling_params=params, show_progress=False)
+    outs = engine.generate(prompt=prompts, sampling_params=params)
     assert [outs[1]["output_ids"], outs[3]["output_ids"]] == solo
     jsonschema.validate(json.loads(outs[0]["text"]), SCHEMAS[0])
     assert re.fullmatch(REGEXES[0][0], outs[2]["text"])
@@ -274,7 +271,6 @@ def test_a_grammar_that_fails_to_compile_ends_only_its_request(tiny_engine, monk
             {**GREEDY, "max_new_tokens": 4, "regex": "[d-f]+"},
             {**GREEDY, "max_new_tokens": 4, "ignore_eos": True},
         ],
-        show_progress=False,
     )
     assert outs[0]["meta_info"]["finish_reason"] == {"type": "abort", "message": "invalid regex: refused by the test"}
     assert outs[0]["output_ids"] == []
@@ -314,7 +310,7 @@ def test_retracted_requests_keep_their_grammar_in_step(tiny_llama):
     reference = Engine(model_path=tiny_llama, max_total_tokens=4096)
     expected = [reference.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
     small = Engine(model_path=tiny_llama, max_total_tokens=64)
-    outs = small.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    outs = small.generate(input_ids=prompts, sampling_params=params)
     assert small.scheduler.num_retracted_reqs > 0
     assert [o["output_ids"] for o in outs] == expected
     assert all(re.fullmatch("[a-m]+", o["text"]) for o in outs)
@@ -349,9 +345,9 @@ def test_tp2_ranks_admit_and_mask_alike(tiny_llama):
         {**GREEDY, "max_new_tokens": 6, "ignore_eos": True},
         {**GREEDY, "max_new_tokens": 6, "regex": "[0-9]{3}"},
     ]
-    expected = Engine(**kw).generate(input_ids=prompts, sampling_params=params, show_progress=False)
+    expected = Engine(**kw).generate(input_ids=prompts, sampling_params=params)
     with Engine(tp_size=2, **kw) as engine:
-        got = engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+        got = engine.generate(input_ids=prompts, sampling_params=params)
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     assert re.fullmatch("[a-m]+", got[0]["text"]) and re.fullmatch("[0-9]{3}", got[2]["text"])
 

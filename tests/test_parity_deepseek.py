@@ -47,7 +47,7 @@ def _engine(arch: str, **kwargs) -> Engine:
 
 
 def _assert_pool_whole(engine: Engine) -> None:
-    assert engine.scheduler.flush_cache()
+    assert engine.flush_cache()
     total = engine.scheduler.worker_info.max_total_num_tokens
     assert engine.scheduler.token_to_kv_pool_allocator.available_size() == total
 
@@ -77,7 +77,7 @@ def test_parity_with_hf(arch, backend, page_size):
     prompt_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     assert len(prompt_ids) >= 8 and len({len(p) for p in prompt_ids}) > 4
     captured = _capture_prefill_logits(engine)
-    outs = engine.generate(input_ids=prompt_ids, sampling_params=GREEDY, show_progress=False)
+    outs = engine.generate(input_ids=prompt_ids, sampling_params=GREEDY)
     assert len(captured[0]) == len(prompt_ids)  # one extend batch for all prompts
     hf_logits, hf_ids = _hf_reference(arch, prompt_ids)
     for i in range(len(prompt_ids)):
@@ -113,13 +113,13 @@ def test_radix_hits_and_chunked_prefill_keep_the_tokens(arch):
     params = {**GREEDY, "max_new_tokens": 16}
     engine = _engine(arch, page_size=1)
     prompt_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
-    first = engine.generate(input_ids=prompt_ids, sampling_params=params, show_progress=False)
-    again = engine.generate(input_ids=prompt_ids, sampling_params=params, show_progress=False)
+    first = engine.generate(input_ids=prompt_ids, sampling_params=params)
+    again = engine.generate(input_ids=prompt_ids, sampling_params=params)
     assert sum(o["meta_info"]["cached_tokens"] for o in again) > 0, "the second run must hit the radix cache"
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in first]
     _assert_pool_whole(engine)
     chunked = _engine(arch, chunked_prefill_size=8, disable_radix_cache=True)
-    outs = chunked.generate(input_ids=prompt_ids, sampling_params=params, show_progress=False)
+    outs = chunked.generate(input_ids=prompt_ids, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in first]
     _assert_pool_whole(chunked)
 
@@ -131,7 +131,7 @@ def test_routed_experts_and_recorder_match_hf_router(arch):
     engine.start_expert_distribution_record()
     outs = engine.generate(
         input_ids=prompt_ids, sampling_params={"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
-        return_routed_experts=True, show_progress=False,
+        return_routed_experts=True,
     )  # fmt: skip
     engine.stop_expert_distribution_record()
     dump = engine.dump_expert_distribution_record()
@@ -210,7 +210,7 @@ def test_tp2_gives_tp1_tokens_and_logprobs(arch):
     )
     with Engine(model_path=tiny_model_dir(arch), tp_size=2, **kw) as engine:
         got = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
-        assert engine.scheduler.flush_cache()  # every rank frees its whole pool
+        assert engine.flush_cache()  # every rank frees its whole pool
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     for g, e in zip(got, expected):
         ours = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
@@ -236,6 +236,6 @@ def test_speculative_decoding_keeps_the_mla_targets_tokens(tmp_path):
             model_path=target, speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
             speculative_num_steps=3, **kw,
         )  # fmt: skip
-        outs = engine.generate(input_ids=prompts, sampling_params=params, show_progress=False)
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
         assert [o["output_ids"] for o in outs] == expected, draft
         _assert_pool_whole(engine)

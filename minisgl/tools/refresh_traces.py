@@ -67,7 +67,6 @@ def sampling_vocab_mask(workdir: str) -> list[dict]:
         engine.generate(
             input_ids=PROMPTS,
             sampling_params=[constrained, {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}],
-            show_progress=False,
         )
     keep = (
         "GrammarManager",
@@ -203,7 +202,6 @@ def mla_personality(workdir: str) -> list[dict]:
         engine.generate(
             input_ids=PROMPTS,
             sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
-            show_progress=False,
         )
     keep = ("ModelRunner.__init__", "MLATokenToKVPool", "ModelRunner.forward", "MLAAttention.forward")
     return [e for e in events if e["event"].startswith(keep)]
