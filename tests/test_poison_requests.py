@@ -82,3 +82,18 @@ OPENAI = [
 @pytest.mark.parametrize("route, body", OPENAI)
 def test_openai_routes_refuse_the_value_and_keep_serving(http, route, body):
     _assert_refused_and_still_serving(http, _post(http, route, body))
+
+
+def test_abort_request_ends_a_running_stream_and_frees_its_kv(http):
+    body = {"text": "The river", "rid": "to-abort", "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}  # fmt: skip
+    with http.stream("POST", "/generate", content=json.dumps(body), headers={"Content-Type": "application/json"}) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert http.post("/abort_request", json={"rid": "to-abort"}).status_code == 200
+        events = [json.loads(line[5:]) for line in lines if line.startswith("data:") and line != "data: [DONE]"]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert http.post("/abort_request", json={"rid": 5}).status_code == 400
+    assert http.post("/flush_cache").status_code == 200
+    info = http.get("/get_server_info").json()
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"]

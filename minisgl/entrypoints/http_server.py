@@ -123,6 +123,27 @@ async def flush_cache(request: Request) -> Response:
     return create_error_response("Cache not flushed: requests are running or waiting.")
 
 
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    """SGLang's AbortReq body: ``{"rid": ...}``, or ``{"abort_all": true}``. The requests end with
+    an abort finish reason and their KV is freed at the scheduler's next step."""
+    try:
+        body = await request.json()
+    except ValueError as e:
+        return create_error_response(f"malformed JSON body: {e}")
+    if not isinstance(body, dict) or set(body) - {"rid", "abort_all"}:
+        return create_error_response('the body must be {"rid": "..."} or {"abort_all": true}')
+    tm = _tokenizer_manager(request)
+    if body.get("abort_all") is True:
+        for rid in tm.in_flight_rids():
+            tm.abort_request(rid)
+    elif isinstance(body.get("rid"), str):
+        tm.abort_request(body["rid"])
+    else:
+        return create_error_response('the body must be {"rid": "..."} or {"abort_all": true}')
+    return Response()
+
+
 @router.post("/start_expert_distribution_record")
 async def start_expert_distribution_record(request: Request) -> Response:
     tm = _tokenizer_manager(request)

@@ -68,7 +68,7 @@ class GenerateReqInput:
 
         params = self.sampling_params
         param_list = [params] * self.batch_size if params is None or isinstance(params, dict) else params
-        param_list = _per_prompt("sampling_params", param_list, self.batch_size)
+        param_list = _per_prompt("sampling_params", _as_list("sampling_params", param_list), self.batch_size)
         for p in param_list:
             if p is not None and not isinstance(p, dict):
                 raise ValueError(f"sampling_params must be an object, got {type(p).__name__}")
@@ -89,6 +89,8 @@ class GenerateReqInput:
             values = _per_prompt(name, value, self.batch_size) if isinstance(value, list) else [value] * self.batch_size
             setattr(self, name, [_DEFAULTS.get(name) if values[i // n] is None else values[i // n] for i in range(num)])
         ids_logprob = self.token_ids_logprob
+        if ids_logprob is not None:
+            _as_list("token_ids_logprob", ids_logprob)
         if not ids_logprob or not isinstance(ids_logprob[0], list):
             ids_logprob = [ids_logprob or None] * self.batch_size
         ids_logprob = _per_prompt("token_ids_logprob", ids_logprob, self.batch_size)
@@ -101,7 +103,7 @@ class GenerateReqInput:
         if isinstance(self.rid, str):
             check_text("rid", self.rid)
             return [self.rid] if num == 1 else [f"{self.rid}_{i}" for i in range(num)]
-        rids = _per_prompt("rid", self.rid, self.batch_size)
+        rids = _per_prompt("rid", _as_list("rid", self.rid), self.batch_size)
         for r in rids:
             check_text("rid", r)
         if self.parallel_sample_num > 1:

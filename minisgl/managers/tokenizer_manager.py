@@ -309,6 +309,10 @@ class TokenizerManager:
             raise item
         return item
 
+    def in_flight_rids(self) -> list[str]:
+        with self._lock:
+            return list(self._routes)
+
     def abort_request(self, rid: str) -> None:
         """End a request wherever it is; the scheduler frees its KV at its next step."""
         self.num_aborted_reqs += 1
