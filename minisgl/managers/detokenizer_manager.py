@@ -24,10 +24,20 @@ class DecodeStatus:
     stream never shows text that a stop string would later take back.
     """
 
-    def __init__(self, tokenizer, stop_strs: list[str] = (), skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        stop_strs: list[str] = (),
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+        no_stop_trim: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.stop_strs = list(stop_strs)
+        # no_stop_trim keeps the stop string or token in the text (SGLang's trim_matched_stop).
+        self.stop_strs = [] if no_stop_trim else list(stop_strs)
+        self.no_stop_trim = no_stop_trim
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.decode_ids: list[int] = []
         self.decoded_text = ""  # the text of decode_ids[:read_offset]
         self.surr_offset = 0
@@ -40,7 +50,7 @@ class DecodeStatus:
         self.decode_ids.extend(new_ids)
         finished = finish_reason is not None
         read_ids = self.decode_ids[self.surr_offset :]
-        if finished and isinstance(finish_reason.get("matched"), int):
+        if finished and isinstance(finish_reason.get("matched"), int) and not self.no_stop_trim:
             # A stop token ends the output but is not part of its text (SGLang's trim_matched_stop).
             read_ids = read_ids[:-1]
         surr_text = self._decode(self.decode_ids[self.surr_offset : self.read_offset])
@@ -65,7 +75,11 @@ class DecodeStatus:
         return delta
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(
+            ids,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+        )
 
 
 def _stop_prefix_len(text: str, stop_strs: list[str]) -> int:

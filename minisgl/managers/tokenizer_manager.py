@@ -6,7 +6,7 @@ _wait_one_response, abort_request) and the control calls of
 tokenizer_communicator_mixin.py (flush_cache, the expert-distribution calls,
 get_internal_state). Here a request is validated, tokenized, expanded into its
 ``n`` samples, sent to the scheduler, and its outputs detokenized
-(detokenizer_manager.DecodeStatus) and assembled into SGLang's result dicts.
+(GenerateRun) and assembled into SGLang's result dicts.
 
 SGLang runs tokenizer manager, scheduler and detokenizer as three processes joined
 by ZMQ. minisgl holds one *scheduler handle*: the in-process Scheduler, or with
@@ -32,7 +32,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from minisgl.hf_transformers_utils import get_tokenizer
-from minisgl.managers.detokenizer_manager import DecodeStatus
+from minisgl.managers.generate_run import GenerateRun
 from minisgl.managers.io_struct import (
     AbortReq,
     ExpertDistributionReq,
@@ -217,15 +217,20 @@ class TokenizerManager:
 
     # ---- generation ----------------------------------------------------------------------------
 
-    async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator[Union[dict, list[dict]]]:
-        """Stream: yield one chunk per scheduler output, with the new text and ids. Otherwise
-        yield once: a dict, or a list of dicts for a batch (several prompts, or n > 1).
-        ``request`` is the HTTP request, polled for a client that left; a streaming client that
-        leaves closes this generator instead. Either way what has not finished is aborted and
-        its KV freed."""
+    async def generate_request(
+        self, obj: GenerateReqInput, request=None, stream_deltas: Optional[bool] = None
+    ) -> AsyncIterator[Union[dict, list[dict]]]:
+        """Stream: yield one chunk per scheduler output, with the text and ids so far, or only
+        the new part with ``stream_deltas`` (default: the server's --stream-output; the OpenAI
+        layer always asks for deltas). Otherwise yield once: a dict, or a list of dicts for a
+        batch (several prompts, or n > 1). ``request`` is the HTTP request, polled for a client
+        that left; a streaming client that leaves closes this generator instead. Either way
+        what has not finished is aborted and its KV freed."""
         reqs = await self._tokenize(obj)
         state = ReqState(asyncio.get_running_loop() if self._thread is not None else None)
-        run = _GenerateRun(self, obj, reqs)
+        if stream_deltas is None:
+            stream_deltas = self.server_args.stream_output
+        run = GenerateRun(self, obj, reqs, stream_deltas)
         try:
             self._claim_rids(reqs)
             for req in reqs:
@@ -367,60 +372,3 @@ class TokenizerManager:
         if isinstance(self.scheduler, SchedulerClient):
             self.scheduler.shutdown()
 
-
-class _GenerateRun:
-    """One generate call: its requests, their detokenizers, and what has come back so far."""
-
-    def __init__(self, tm: TokenizerManager, obj: GenerateReqInput, reqs: list[TokenizedGenerateReqInput]) -> None:
-        self.tm = tm
-        self.reqs = reqs
-        self.single = obj.is_single
-        self.stream = obj.stream
-        self.pending = {r.rid: i for i, r in enumerate(reqs)}
-        self.statuses = [
-            DecodeStatus(tm.tokenizer, r.sampling_params.stop_strs, r.sampling_params.skip_special_tokens)
-            for r in reqs
-        ]
-        self.texts = [""] * len(reqs)
-        self.output_ids: list[list[int]] = [[] for _ in reqs]
-        self.metas: list[Optional[dict]] = [None] * len(reqs)
-
-    def on_output(self, out: ReqOutput) -> Optional[dict]:
-        """Take one scheduler output; return the chunk to stream, if streaming."""
-        i = self.pending.get(out.rid)
-        if i is None:
-            return None  # a late output of a request its stop string already ended
-        chunk = self._process_output(self.reqs[i], self.statuses[i], out)
-        if chunk["meta_info"]["finish_reason"] is not None:
-            del self.pending[out.rid]
-        self.texts[i] += chunk["text"]
-        self.output_ids[i] += chunk["output_ids"]
-        self.metas[i] = chunk["meta_info"]
-        if not self.single:
-            chunk["index"] = i
-        return chunk if self.stream else None
-
-    def result(self) -> Union[dict, list[dict]]:
-        results = [{"text": t, "output_ids": ids, "meta_info": m} for t, ids, m in zip(self.texts, self.output_ids, self.metas)]
-        if self.single:
-            return results[0]
-        for i, result in enumerate(results):
-            result["index"] = i
-        return results
-
-    def _process_output(self, req: TokenizedGenerateReqInput, status: DecodeStatus, out: ReqOutput) -> dict:
-        finish_reason = out.meta_info["finish_reason"] if out.finished else None
-        text = status.update(out.new_output_ids, finish_reason)
-        meta = out.meta_info if out.finished else {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(status.decode_ids),
-            "finish_reason": None,
-        }
-        if status.matched_stop is not None and (meta["finish_reason"] or {}).get("matched") != status.matched_stop:
-            # The scheduler checks stop strings on a window of trailing tokens, which a
-            # multi-byte stop string can outrun; the text has one, so the request ends here.
-            meta = {**meta, "finish_reason": {"type": "stop", "matched": status.matched_stop}}
-            if not out.finished:
-                self.tm.abort_request(req.rid)
-        return {"text": text, "output_ids": list(out.new_output_ids), "meta_info": meta}

@@ -10,7 +10,7 @@ requests' token lists each step, which is simpler and exact.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -37,6 +37,10 @@ class SamplingBatchInfo:
     repetition_penalties: Optional[torch.Tensor] = None  # [bs, 1]
     output_token_counts: Optional[torch.Tensor] = None  # [bs, vocab]
     seen_tokens: Optional[torch.Tensor] = None  # [bs, vocab] bool: prompt or output
+    # min_new_tokens (SGLang's MinNewTokensPenalizer): -inf on the stop tokens of rows still short.
+    min_new_tokens_mask: Optional[torch.Tensor] = None  # [bs, vocab]
+    # Custom logit processors: (processor, its rows, their custom_params) per distinct processor.
+    custom_logit_processors: Optional[list[tuple[Any, torch.Tensor, list]]] = None
 
     @classmethod
     def from_reqs(cls, reqs: list["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
@@ -65,7 +69,31 @@ class SamplingBatchInfo:
                     info.logit_bias[i, token_id] = bias
         if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
             info._init_penalties(reqs, device)
+        short = [i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens]
+        if short:
+            info.min_new_tokens_mask = torch.zeros(len(reqs), vocab_size, device=device)
+            for i in short:
+                stops = set(reqs[i].sampling_params.stop_token_ids) | set(reqs[i].eos_token_ids)
+                info.min_new_tokens_mask[i, sorted(stops)] = -float("inf")
+        if any(r.custom_logit_processor for r in reqs):
+            info._init_custom_logit_processors(reqs, device)
         return info
+
+    def _init_custom_logit_processors(self, reqs: list["Req"], device: str) -> None:
+        from minisgl.sampling.custom_logit_processor import CustomLogitProcessor
+
+        rows: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            if r.custom_logit_processor:
+                rows.setdefault(r.custom_logit_processor, []).append(i)
+        self.custom_logit_processors = [
+            (
+                CustomLogitProcessor.from_str(s),
+                torch.tensor(idx, dtype=torch.int64, device=device),
+                [reqs[i].sampling_params.custom_params for i in idx],
+            )
+            for s, idx in rows.items()
+        ]
 
     def _init_penalties(self, reqs: list["Req"], device: str) -> None:
         params = [r.sampling_params for r in reqs]
@@ -92,3 +120,7 @@ class SamplingBatchInfo:
             logits.copy_(torch.where(self.seen_tokens, logits * rp, logits))
         if self.logit_bias is not None:
             logits += self.logit_bias
+        if self.min_new_tokens_mask is not None:
+            logits += self.min_new_tokens_mask
+        for processor, rows, params in self.custom_logit_processors or []:
+            logits[rows] = processor(logits[rows], params)

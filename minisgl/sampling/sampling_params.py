@@ -7,7 +7,8 @@ processors; minisgl omits constrained decoding.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import re
+from typing import Any, Optional, Union
 
 _SAMPLING_EPS = 1e-6
 
@@ -30,6 +31,13 @@ class SamplingParams:
         logit_bias: Optional[dict[str, float]] = None,
         seed: Optional[int] = None,
         n: int = 1,
+        # SGLang's further keys (sampling_params.py at 64bca53); checked in _verify_sglang_keys.
+        min_new_tokens: int = 0,
+        sampling_seed: Optional[int] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        no_stop_trim: bool = False,
+        spaces_between_special_tokens: bool = True,
+        custom_params: Optional[dict[str, Any]] = None,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.stop_strs = [stop] if isinstance(stop, str) else list(stop or [])
@@ -46,6 +54,12 @@ class SamplingParams:
         self.logit_bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
         self.seed = seed
         self.n = n
+        self.min_new_tokens = min_new_tokens
+        self.stop_regex_strs = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex or [])
+        self.no_stop_trim = no_stop_trim
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.custom_params = custom_params
+        self._verify_sglang_keys(sampling_seed)
         if 0.0 <= self.temperature < _SAMPLING_EPS:
             # Greedy is temperature 0; SGLang expresses it as top_k = 1 with a neutral temperature.
             self.temperature = 1.0
@@ -80,6 +94,32 @@ class SamplingParams:
         for token_id in list(self.logit_bias) + list(self.stop_token_ids):
             if not 0 <= token_id < vocab_size:
                 raise ValueError(f"token id {token_id} is outside the vocabulary [0, {vocab_size})")
+
+    def _verify_sglang_keys(self, sampling_seed) -> None:
+        """Types of the keys minisgl took over from SGLang; sampling_seed is SGLang's name for
+        seed (the OpenAI name, which minisgl's /generate also accepts)."""
+        if sampling_seed is not None:
+            if self.seed is not None:
+                raise ValueError("give seed or sampling_seed, not both")
+            self.seed = sampling_seed
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"sampling_seed must be an integer, got {self.seed!r}")
+        if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int):
+            raise ValueError(f"min_new_tokens must be an integer, got {self.min_new_tokens!r}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        for name in ("no_stop_trim", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise ValueError(f"custom_params must be an object, got {self.custom_params!r}")
+        for pattern in self.stop_regex_strs:
+            if not isinstance(pattern, str) or not pattern:
+                raise ValueError("stop_regex must be a non-empty string or a list of them")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
     @classmethod
     def from_dict(cls, params: Optional[dict]) -> "SamplingParams":
