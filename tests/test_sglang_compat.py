@@ -87,7 +87,8 @@ def test_openai_refuses_sglang_fields_by_name(http, name):
 
 
 def test_openai_models_are_strict_and_closed(http):
-    assert "max_tokens" in _error(http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": "10"}))
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": "10"}
+    assert "max_tokens" in _error(http.post("/v1/completions", json=body))
     assert "colour" in _error(http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "colour": 1}))
     body = {"model": MODEL, "prompt": "Hi", "n": 2, "best_of": 3}
     assert "best_of must equal n" in _error(http.post("/v1/completions", json=body))
@@ -165,7 +166,8 @@ def test_stop_regex_no_stop_trim_and_sampling_seed(http):
     assert stop not in trimmed and kept.startswith(trimmed + stop)
     sampled = {"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "sampling_seed": 5}
     assert _gen(http, sampling_params=sampled)["output_ids"] == _gen(http, sampling_params=sampled)["output_ids"]
-    assert "not both" in _error(http.post("/generate", json={"text": "Hi", "sampling_params": {"seed": 1, "sampling_seed": 1}}))
+    both = {"text": "Hi", "sampling_params": {"seed": 1, "sampling_seed": 1}}
+    assert "not both" in _error(http.post("/generate", json=both))
 
 
 def test_spaces_between_special_tokens_is_accepted(http):
