@@ -55,6 +55,11 @@ UNSUPPORTED_OPENAI_FIELDS: dict[str, tuple[object, str]] = {
 }
 
 
+# OpenAI's limits on top alternatives per token: /v1/completions' logprobs, chat's top_logprobs.
+MAX_COMPLETION_LOGPROBS = 5
+MAX_TOP_LOGPROBS = 20
+
+
 class StrictModel(BaseModel):
     """A request model: strict types, no unknown fields, SGLang's unsupported fields refused by name."""
 

@@ -131,17 +131,41 @@ class OpenAIServingBase:
     def _convert_to_internal_request(self, request) -> GenerateReqInput:
         raise NotImplementedError
 
-    def _build_response(self, request, response_id: str, rets: list[dict]) -> BaseModel:
+    def _response_choice(self, request, index: int, ret: dict) -> BaseModel:
+        """Choice ``index`` of a whole response, from the TokenizerManager's result ``ret``."""
         raise NotImplementedError
 
     def _stream_openings(self, request, response_id: str) -> list[BaseModel]:
         return []
 
-    def _stream_event(self, request, response_id: str, index: int, chunk: dict, first: bool) -> BaseModel:
+    def _stream_choice(self, request, index: int, chunk: dict, first: bool) -> BaseModel:
+        """Choice ``index`` of one stream event, from a chunk of deltas (``first``: its first event)."""
         raise NotImplementedError
 
+    # ---- responses, assembled the same way for both endpoints ------------------------------
+
+    response_cls: type[BaseModel]
+    stream_response_cls: type[BaseModel]
+    id_prefix: str
+
+    def _build_response(self, request, response_id: str, rets: list[dict]) -> BaseModel:
+        return self.response_cls(
+            id=f"{self.id_prefix}-{response_id}",
+            model=request.model,
+            choices=[self._response_choice(request, i, ret) for i, ret in enumerate(rets)],
+            usage=usage_of([ret["meta_info"] for ret in rets], request.n),
+        )
+
+    def _stream_response(self, request, response_id: str, choices: list, usage=None) -> BaseModel:
+        return self.stream_response_cls(
+            id=f"{self.id_prefix}-{response_id}", model=request.model, choices=choices, usage=usage
+        )
+
+    def _stream_event(self, request, response_id: str, index: int, chunk: dict, first: bool) -> BaseModel:
+        return self._stream_response(request, response_id, [self._stream_choice(request, index, chunk, first)])
+
     def _stream_usage(self, request, response_id: str, usage: UsageInfo) -> BaseModel:
-        raise NotImplementedError
+        return self._stream_response(request, response_id, [], usage)
 
     # ---- shared helpers --------------------------------------------------------------------
 

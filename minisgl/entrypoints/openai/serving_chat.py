@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from minisgl.entrypoints.openai.protocol import (
+    MAX_TOP_LOGPROBS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -22,13 +23,9 @@ from minisgl.entrypoints.openai.protocol import (
     ChoiceLogprobs,
     DeltaMessage,
     TopLogprob,
-    UsageInfo,
 )
-from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields, usage_of
+from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields
 from minisgl.managers.io_struct import GenerateReqInput
-
-# OpenAI's limit on top alternatives per token for chat.
-MAX_TOP_LOGPROBS = 20
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -76,52 +73,34 @@ class OpenAIServingChat(OpenAIServingBase):
             return content or ""
         return "\n".join(part.text for part in content)
 
-    def _build_response(
-        self, request: ChatCompletionRequest, response_id: str, rets: list[dict]
-    ) -> ChatCompletionResponse:
-        choices = [
-            ChatCompletionResponseChoice(
-                index=i,
-                message=ChatMessage(role="assistant", content=ret["text"]),
-                logprobs=self._logprobs(ret["meta_info"]) if request.logprobs else None,
-                **finish_reason_fields(ret["meta_info"]["finish_reason"]),
-            )
-            for i, ret in enumerate(rets)
-        ]
-        return ChatCompletionResponse(
-            id=f"chatcmpl-{response_id}",
-            model=request.model,
-            choices=choices,
-            usage=usage_of([ret["meta_info"] for ret in rets], request.n),
+    response_cls = ChatCompletionResponse
+    stream_response_cls = ChatCompletionStreamResponse
+    id_prefix = "chatcmpl"
+
+    def _response_choice(self, request: ChatCompletionRequest, index: int, ret: dict) -> ChatCompletionResponseChoice:
+        return ChatCompletionResponseChoice(
+            index=index,
+            message=ChatMessage(role="assistant", content=ret["text"]),
+            logprobs=self._logprobs(ret["meta_info"]) if request.logprobs else None,
+            **finish_reason_fields(ret["meta_info"]["finish_reason"]),
         )
 
     def _stream_openings(self, request: ChatCompletionRequest, response_id: str) -> list[ChatCompletionStreamResponse]:
         # OpenAI opens every choice with a delta that carries only the role.
-        return [
-            self._stream_response(request, response_id, index, DeltaMessage(role="assistant", content=""), None, None)
-            for index in range(request.n)
-        ]
+        opening = DeltaMessage(role="assistant", content="")
+        choices = [ChatCompletionResponseStreamChoice(index=i, delta=opening) for i in range(request.n)]
+        return [self._stream_response(request, response_id, [choice]) for choice in choices]
 
-    def _stream_event(
-        self, request: ChatCompletionRequest, response_id: str, index: int, chunk: dict, first: bool
-    ) -> ChatCompletionStreamResponse:
+    def _stream_choice(
+        self, request: ChatCompletionRequest, index: int, chunk: dict, first: bool
+    ) -> ChatCompletionResponseStreamChoice:
         meta = chunk["meta_info"]
-        logprobs = self._logprobs(meta) if request.logprobs else None
-        return self._stream_response(
-            request, response_id, index, DeltaMessage(content=chunk["text"] or None), logprobs, meta["finish_reason"]
+        return ChatCompletionResponseStreamChoice(
+            index=index,
+            delta=DeltaMessage(content=chunk["text"] or None),
+            logprobs=self._logprobs(meta) if request.logprobs else None,
+            **finish_reason_fields(meta["finish_reason"]),
         )
-
-    @staticmethod
-    def _stream_response(request, response_id, index, delta, logprobs, finish_reason) -> ChatCompletionStreamResponse:
-        choice = ChatCompletionResponseStreamChoice(
-            index=index, delta=delta, logprobs=logprobs, **finish_reason_fields(finish_reason)
-        )
-        return ChatCompletionStreamResponse(id=f"chatcmpl-{response_id}", model=request.model, choices=[choice])
-
-    def _stream_usage(
-        self, request: ChatCompletionRequest, response_id: str, usage: UsageInfo
-    ) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(id=f"chatcmpl-{response_id}", model=request.model, choices=[], usage=usage)
 
     def _logprobs(self, meta: dict) -> ChoiceLogprobs:
         tops = meta.get("output_top_logprobs") or []

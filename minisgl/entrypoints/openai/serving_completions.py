@@ -14,19 +14,16 @@ from __future__ import annotations
 from typing import Optional
 
 from minisgl.entrypoints.openai.protocol import (
+    MAX_COMPLETION_LOGPROBS,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
     LogProbs,
-    UsageInfo,
 )
-from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields, usage_of
+from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields
 from minisgl.managers.io_struct import GenerateReqInput
-
-# OpenAI's limit on top alternatives per token for /v1/completions.
-MAX_COMPLETION_LOGPROBS = 5
 
 
 class OpenAIServingCompletion(OpenAIServingBase):
@@ -63,40 +60,30 @@ class OpenAIServingCompletion(OpenAIServingBase):
             return [self.tokenizer.decode(prompt)]
         return [p if isinstance(p, str) else self.tokenizer.decode(p) for p in prompt]
 
-    def _build_response(self, request: CompletionRequest, response_id: str, rets: list[dict]) -> CompletionResponse:
-        echoes = self._prompt_texts(request) if request.echo else None
-        choices = [
-            CompletionResponseChoice(
-                index=i,
-                text=(echoes[i // request.n] if echoes else "") + ret["text"],
-                logprobs=self._logprobs(ret["meta_info"], request.echo) if request.logprobs is not None else None,
-                **finish_reason_fields(ret["meta_info"]["finish_reason"]),
-            )
-            for i, ret in enumerate(rets)
-        ]
-        return CompletionResponse(
-            id=f"cmpl-{response_id}",
-            model=request.model,
-            choices=choices,
-            usage=usage_of([ret["meta_info"] for ret in rets], request.n),
+    response_cls = CompletionResponse
+    stream_response_cls = CompletionStreamResponse
+    id_prefix = "cmpl"
+
+    def _response_choice(self, request: CompletionRequest, index: int, ret: dict) -> CompletionResponseChoice:
+        echo = self._prompt_texts(request)[index // request.n] if request.echo else ""
+        return CompletionResponseChoice(
+            index=index,
+            text=echo + ret["text"],
+            logprobs=self._logprobs(ret["meta_info"], request.echo) if request.logprobs is not None else None,
+            **finish_reason_fields(ret["meta_info"]["finish_reason"]),
         )
 
-    def _stream_event(
-        self, request: CompletionRequest, response_id: str, index: int, chunk: dict, first: bool
-    ) -> CompletionStreamResponse:
+    def _stream_choice(
+        self, request: CompletionRequest, index: int, chunk: dict, first: bool
+    ) -> CompletionResponseStreamChoice:
         meta = chunk["meta_info"]
-        echo = request.echo and first
-        text = (self._prompt_texts(request)[index // request.n] if echo else "") + chunk["text"]
-        choice = CompletionResponseStreamChoice(
+        echo = request.echo and first  # the prompt goes out once, before the first text
+        return CompletionResponseStreamChoice(
             index=index,
-            text=text,
+            text=(self._prompt_texts(request)[index // request.n] if echo else "") + chunk["text"],
             logprobs=self._logprobs(meta, echo) if request.logprobs is not None else None,
             **finish_reason_fields(meta["finish_reason"]),
         )
-        return CompletionStreamResponse(id=f"cmpl-{response_id}", model=request.model, choices=[choice])
-
-    def _stream_usage(self, request: CompletionRequest, response_id: str, usage: UsageInfo) -> CompletionStreamResponse:
-        return CompletionStreamResponse(id=f"cmpl-{response_id}", model=request.model, choices=[], usage=usage)
 
     def _logprobs(self, meta: dict, with_prompt: bool) -> LogProbs:
         entries = list(meta.get("output_token_logprobs") or [])
