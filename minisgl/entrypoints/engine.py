@@ -64,8 +64,9 @@ class Engine:
         rid: Optional[Union[str, list[str]]] = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
-        iterator of chunks whose ``text`` and ``output_ids`` are the new part (a batch's chunks
-        carry ``index``). Bad input raises ValueError before anything runs."""
+        iterator of chunks whose ``text`` and ``output_ids`` are everything so far, as SGLang's
+        (only the new part with ``stream_output=True``; a batch's chunks carry ``index``).
+        Bad input raises ValueError before anything runs."""
         obj = GenerateReqInput(
             text=prompt,
             input_ids=input_ids,

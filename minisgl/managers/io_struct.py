@@ -96,8 +96,9 @@ class GenerateReqInput:
     a batch) and turns every per-request option into one value per request, so
     ``obj[i]`` is request i. Types are checked here, strictly (a bool is not an
     int, a float is not an id), because JSON decoders and keyword callers hand
-    over whatever they were given. Omitted: multimodal inputs, LoRA, sessions,
-    disaggregation and routing keys.
+    over whatever they were given. SGLang's other fields (multimodal inputs, LoRA,
+    sessions, disaggregation, routing keys, ...) are refused by ``from_dict``, from
+    UNSUPPORTED_REQUEST_FIELDS.
     """
 
     text: Optional[Union[str, list[str]]] = None

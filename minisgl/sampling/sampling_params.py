@@ -1,8 +1,8 @@
 """Per-request sampling parameters, validated where they enter the engine.
 
 Mirrors python/sglang/srt/sampling/sampling_params.py (SamplingParams, verify,
-normalize). SGLang also has regex/JSON/EBNF constraints and custom logit
-processors; minisgl omits constrained decoding.
+normalize). SGLang also has regex/JSON/EBNF constraints and a per-request
+stream_interval; minisgl refuses those keys (io_struct.UNSUPPORTED_SAMPLING_PARAMS).
 """
 
 from __future__ import annotations
