@@ -18,6 +18,15 @@ import torch
 ATTENTION_BACKENDS = ("torch_native", "triton", "intel_amx")
 
 
+# SGLang's other spellings of minisgl's flags (add_cli_args at 64bca53).
+CLI_ALIASES = {
+    "model_path": ("--model",),
+    "tp_size": ("--tensor-parallel-size",),
+    "dist_init_addr": ("--nccl-init-addr",),
+    "speculative_draft_model_path": ("--speculative-draft-model",),
+}
+
+
 @dataclass
 class ServerArgs:
     # Model and tokenizer
@@ -71,6 +80,11 @@ class ServerArgs:
     http_read_timeout: float = 10.0  # seconds for a request's head, and between chunks of its body
     graceful_shutdown_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
 
+    # Serving (SGLang's flags): stream only the new text and ids of each /generate chunk, instead of
+    # everything so far; run client-supplied logit processors (they are code: off by default).
+    stream_output: bool = False
+    enable_custom_logit_processor: bool = False
+
     # Misc
     random_seed: int = 0
     skip_tokenizer_init: bool = False
@@ -123,6 +137,8 @@ class ServerArgs:
             # GEMMs and elementwise kernels run from cache: 2,048-token chunks measured 1.4x faster
             # than one 8,500-token prefill on the offline benchmark (docs/performance.md).
             self.chunked_prefill_size = 2048
+        if self.chunked_prefill_size == -1:
+            self.chunked_prefill_size = None  # SGLang's "disabled": every prompt prefills in one piece
 
     def _handle_speculative_decoding(self) -> None:
         if self.speculative_algorithm is None:
@@ -179,13 +195,13 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for field in dataclasses.fields(ServerArgs):
-            flag = "--" + field.name.replace("_", "-")
+            flags = ["--" + field.name.replace("_", "-"), *CLI_ALIASES.get(field.name, ())]
             if field.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", default=field.default)
+                parser.add_argument(*flags, dest=field.name, action="store_true", default=field.default)
                 continue
             base = str(field.type).replace("Optional[", "").rstrip("]")
             kind = {"int": int, "float": float}.get(base, str)
-            parser.add_argument(flag, type=kind, default=field.default)
+            parser.add_argument(*flags, dest=field.name, type=kind, default=field.default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

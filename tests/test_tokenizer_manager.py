@@ -31,7 +31,9 @@ def generate(tm, **kwargs):
 
 def stream(tm, **kwargs) -> list[dict]:
     async def run():
-        return [chunk async for chunk in tm.generate_request(GenerateReqInput(stream=True, **kwargs))]
+        # Deltas (the server's --stream-output), so that the chunks add up to the whole.
+        chunks = tm.generate_request(GenerateReqInput(stream=True, **kwargs), stream_deltas=True)
+        return [chunk async for chunk in chunks]
 
     return asyncio.run(run())
 

@@ -64,8 +64,9 @@ class Engine:
         rid: Optional[Union[str, list[str]]] = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
-        iterator of chunks whose ``text`` and ``output_ids`` are the new part (a batch's chunks
-        carry ``index``). Bad input raises ValueError before anything runs."""
+        iterator of chunks whose ``text`` and ``output_ids`` are everything so far, as SGLang's
+        (only the new part with ``stream_output=True``; a batch's chunks carry ``index``).
+        Bad input raises ValueError before anything runs."""
         obj = GenerateReqInput(
             text=prompt,
             input_ids=input_ids,
@@ -79,7 +80,9 @@ class Engine:
             return_hidden_states=return_hidden_states,
             return_routed_experts=return_routed_experts,
         )
-        chunks = self.tokenizer_manager.generate_request(obj)
+        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
+        # far unless the server runs with --stream-output.
+        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
         if stream:
             return _iterate_inline(chunks)
         return run_inline(anext(chunks))
@@ -96,7 +99,9 @@ class Engine:
         obj = GenerateReqInput(
             text=prompt, input_ids=input_ids, sampling_params=sampling_params, stream=stream, **kwargs
         )
-        chunks = self.tokenizer_manager.generate_request(obj)
+        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
+        # far unless the server runs with --stream-output.
+        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
         if stream:
             return chunks
         return await anext(chunks)

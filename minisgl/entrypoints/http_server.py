@@ -1,8 +1,9 @@
 """The HTTP server: FastAPI routes over one TokenizerManager, served by uvicorn.
 
 Mirrors python/sglang/srt/entrypoints/http_server.py: the native routes
-(/generate, /health, /get_server_info, /flush_cache, the expert-distribution
-routes), the OpenAI routes (/v1/completions, /v1/chat/completions, /v1/models),
+(/generate, /health, /health_generate, /get_server_info, /get_model_info,
+/tokenize, /detokenize, /flush_cache, the expert-distribution routes), the OpenAI
+routes (/v1/completions, /v1/chat/completions, /v1/models[/{id}]),
 the exception handlers that turn FastAPI's 422 into a 400, the API-key
 middleware (SGLang's utils/auth.py) and launch_server, which adds the defences of
 http_middleware.py (body and header limits, Host check, graceful SIGTERM). Control
@@ -10,8 +11,7 @@ routes are POST-only, so a cross-site GET (an <img> tag) cannot flush the cache.
 SGLang keeps the app and its state in module globals; minisgl builds them in
 ``create_app``, so a test can run a server in-process. Errors use OpenAI's nested body
 ``{"error": {"message", "type", "code"}}`` everywhere. Omitted: weight
-updates, LoRA, sessions, profiling, metrics, embeddings, tokenize endpoints,
-the Ollama/SageMaker/Vertex routes, warm-up requests.
+updates, LoRA, sessions, profiling, metrics, embeddings, the Ollama/SageMaker/Vertex routes, warm-up requests.
 """
 
 from __future__ import annotations
@@ -31,7 +31,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minisgl.entrypoints.http_middleware import GracefulServer, harden, header_timeout_protocol, is_loopback
-from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from minisgl.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -86,9 +95,9 @@ async def generate_request(request: Request) -> Response:
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
     try:
-        obj = GenerateReqInput(**body)
-    except TypeError as e:
-        return create_error_response(f"unknown field in the request: {e}")
+        obj = GenerateReqInput.from_dict(body)
+    except (TypeError, ValueError) as e:
+        return create_error_response(str(e))
     stream = _tokenizer_manager(request).generate_request(obj, request)
     try:
         first = await anext(stream)
@@ -116,6 +125,62 @@ def _sse_event(out: dict) -> str:
     return f"data: {JSONResponse(_jsonable(out)).body.decode()}\n\n"
 
 
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """SGLang's deep health check: a one-token generation must come back."""
+    tm = _tokenizer_manager(request)
+    obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+    try:
+        await anext(tm.generate_request(obj, request))
+    except Exception as e:
+        return create_error_response(f"the health-check generation failed: {e!r}", HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict:
+    """SGLang's /get_model_info (also /model_info), which its frontend language reads first."""
+    tm = _tokenizer_manager(request)
+    hf_config = tm.model_config.hf_config
+    return {
+        "model_path": tm.server_args.model_path,
+        "tokenizer_path": tm.server_args.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": getattr(hf_config, "model_type", None),
+        "architectures": getattr(hf_config, "architectures", None),
+    }
+
+
+router.add_api_route("/model_info", get_model_info, methods=["GET"])
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    tm = _tokenizer_manager(request)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    tokens = [tm.tokenizer.encode(p, add_special_tokens=body.add_special_tokens) for p in prompts]
+    if isinstance(body.prompt, str):
+        return TokenizeResponse(tokens=tokens[0], count=len(tokens[0]), max_model_len=tm.context_len)
+    return TokenizeResponse(tokens=tokens, count=[len(t) for t in tokens], max_model_len=tm.context_len)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    tm = _tokenizer_manager(request)
+    single = not body.tokens or isinstance(body.tokens[0], int)
+    seqs = [body.tokens] if single else body.tokens
+    vocab = tm.worker_info.vocab_size
+    if any(not 0 <= t < vocab for seq in seqs for t in seq):
+        return create_error_response(f"tokens must be token ids in [0, {vocab})")
+    texts = [tm.tokenizer.decode(seq, skip_special_tokens=body.skip_special_tokens) for seq in seqs]
+    return JSONResponse(DetokenizeResponse(text=texts[0] if single else texts).model_dump())
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
 @router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     if await _tokenizer_manager(request).flush_cache():
@@ -185,13 +250,22 @@ async def openai_v1_chat_completions(request: ChatCompletionRequest, raw_request
     return await raw_request.app.state.openai_serving_chat.handle_request(request, raw_request)
 
 
+def _model_card(request: Request) -> ModelCard:
+    tm = _tokenizer_manager(request)
+    name = request.app.state.served_model_name
+    return ModelCard(id=name, root=tm.server_args.model_path, max_model_len=tm.context_len)
+
+
 @router.get("/v1/models")
 async def available_models(request: Request) -> ModelList:
-    tm = _tokenizer_manager(request)
-    card = ModelCard(
-        id=request.app.state.served_model_name, root=tm.server_args.model_path, max_model_len=tm.context_len
-    )
-    return ModelList(data=[card])
+    return ModelList(data=[_model_card(request)])
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> Response:
+    if model != request.app.state.served_model_name:
+        return create_error_response(f"The model `{model}` does not exist.", HTTPStatus.NOT_FOUND)
+    return JSONResponse(_model_card(request).model_dump())
 
 
 # ---- errors and authentication --------------------------------------------------------------
@@ -204,7 +278,8 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
         if err["type"] == "json_invalid":
             return create_error_response(f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])}")
         where = ".".join(str(p) for p in err["loc"] if p != "body")
-        parts.append(f"{where}: {err['msg']}" if where else err["msg"])
+        msg = err["msg"].removeprefix("Value error, ")  # our own refusals read as written
+        parts.append(f"{where}: {msg}" if where else msg)
     return create_error_response("invalid request: " + "; ".join(parts))
 
 

@@ -16,8 +16,68 @@ from typing import Any, Optional, Union
 from minisgl.sampling.sampling_params import SamplingParams
 
 # The per-request options a batch may give as one value for all prompts or as a list.
-_PER_REQUEST = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_hidden_states", "return_routed_experts")
+_PER_REQUEST = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_hidden_states",
+    "return_routed_experts",
+    "custom_logit_processor",
+)
 _DEFAULTS = {"return_logprob": False, "logprob_start_len": -1, "top_logprobs_num": 0}
+
+# SGLang's GenerateReqInput fields (io_struct.py at 64bca53) that minisgl refuses, with why. A field
+# is refused only when it is given a value other than SGLang's default (None, False, ...): SGLang's
+# own clients send some of them with their defaults. docs/chapters/serving.md's table is checked
+# against these dicts (tests/test_sglang_fields.py).
+UNSUPPORTED_REQUEST_FIELDS: dict[str, tuple[Any, str]] = {
+    "input_embeds": (None, "input embeddings"),
+    "image_data": (None, "multimodal inputs"),
+    "video_data": (None, "multimodal inputs"),
+    "audio_data": (None, "multimodal inputs"),
+    "modalities": (None, "multimodal inputs"),
+    "need_wait_for_image": (None, "multimodal inputs"),
+    "num_items_assigned": (None, "multimodal inputs"),
+    "max_dynamic_patch": (None, "multimodal inputs"),
+    "min_dynamic_patch": (None, "multimodal inputs"),
+    "image_max_dynamic_patch": (None, "multimodal inputs"),
+    "video_max_dynamic_patch": (None, "multimodal inputs"),
+    "session_params": (None, "sessions"),
+    "lora_path": (None, "LoRA adapters"),
+    "lora_id": (None, "LoRA adapters"),
+    "bootstrap_host": (None, "prefill/decode disaggregation"),
+    "bootstrap_port": (None, "prefill/decode disaggregation"),
+    "bootstrap_room": (None, "prefill/decode disaggregation"),
+    "bootstrap_pair_key": (None, "prefill/decode disaggregation"),
+    "decode_tp_size": (None, "prefill/decode disaggregation"),
+    "data_parallel_rank": (None, "data parallelism"),
+    "routed_experts_start_len": (0, "a start position for routed experts (all positions are returned)"),
+    "require_reasoning": (False, "reasoning parsers"),
+    "background": (False, "background requests"),
+    "conversation_id": (None, "conversations"),
+    "priority": (None, "priority scheduling"),
+    "extra_key": (None, "cache-isolation keys"),
+    "routing_key": (None, "routing keys"),
+    "no_logs": (False, "request logging switches (minisgl logs no requests)"),
+    "log_metrics": (True, "per-request metrics switches"),
+    "custom_labels": (None, "metric labels"),
+    "return_bytes": (False, "byte outputs"),
+    "return_entropy": (False, "entropy outputs"),
+    "external_trace_header": (None, "external trace headers"),
+}
+# SGLang's sampling_params keys (sampling/sampling_params.py at 64bca53) that minisgl refuses.
+# json_schema, regex and ebnf are supported (minisgl/constrained/); structural tags are not.
+UNSUPPORTED_SAMPLING_PARAMS: dict[str, tuple[Any, str]] = {
+    "stream_interval": (None, "a per-request stream interval (every step streams)"),
+    "structural_tag": (None, "constrained decoding with structural tags"),
+}
+
+
+def refuse_unsupported(where: dict, table: dict[str, tuple[Any, str]]) -> None:
+    """A ValueError naming the first field of ``where`` that ``table`` refuses (given a non-default value)."""
+    for name, (default, what) in table.items():
+        if name in where and where[name] != default:
+            raise ValueError(f"minisgl does not support {name} ({what})")
 
 
 @dataclasses.dataclass
@@ -30,8 +90,9 @@ class GenerateReqInput:
     a batch) and turns every per-request option into one value per request, so
     ``obj[i]`` is request i. Types are checked here, strictly (a bool is not an
     int, a float is not an id), because JSON decoders and keyword callers hand
-    over whatever they were given. Omitted: multimodal inputs, LoRA, sessions,
-    disaggregation and routing keys.
+    over whatever they were given. SGLang's other fields (multimodal inputs, LoRA,
+    sessions, disaggregation, routing keys, ...) are refused by ``from_dict``, from
+    UNSUPPORTED_REQUEST_FIELDS.
     """
 
     text: Optional[Union[str, list[str]]] = None
@@ -45,11 +106,26 @@ class GenerateReqInput:
     stream: bool = False
     return_hidden_states: Union[bool, list[bool]] = False
     return_routed_experts: Union[bool, list[bool]] = False
+    return_text_in_logprobs: bool = False
+    # A serialized CustomLogitProcessor (sampling/custom_logit_processor.py); needs
+    # --enable-custom-logit-processor, since the server then runs the client's code.
+    custom_logit_processor: Optional[Union[str, list[Optional[str]]]] = None
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> "GenerateReqInput":
+        """A request from a JSON body: SGLang's fields minisgl lacks are refused by name, unknown ones too."""
+        refuse_unsupported(body, UNSUPPORTED_REQUEST_FIELDS)
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = [k for k in body if k not in known and k not in UNSUPPORTED_REQUEST_FIELDS]
+        if extra:
+            raise ValueError(f"unknown field in the request: {extra[0]!r}")
+        return cls(**{k: v for k, v in body.items() if k in known})
 
     def normalize_batch_and_arguments(self) -> None:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("pass exactly one of text and input_ids")
         check_type("stream", self.stream, bool)
+        check_type("return_text_in_logprobs", self.return_text_in_logprobs, bool)
         if self.text is not None:
             self.is_single = isinstance(self.text, str)
             prompts = [self.text] if self.is_single else _as_list("text", self.text)
@@ -166,6 +242,7 @@ class TokenizedGenerateReqInput:
     return_hidden_states: bool = False
     return_routed_experts: bool = False
     stream: bool = False
+    custom_logit_processor: Optional[str] = None
 
 
 @dataclasses.dataclass

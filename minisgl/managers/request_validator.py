@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from minisgl.managers.io_struct import TokenizedGenerateReqInput, check_type
+from minisgl.managers.io_struct import (
+    UNSUPPORTED_SAMPLING_PARAMS,
+    TokenizedGenerateReqInput,
+    check_type,
+    refuse_unsupported,
+)
 from minisgl.managers.tp_worker import WorkerInfo
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
@@ -64,6 +69,18 @@ class RequestValidator:
         if experts and not self.is_moe:
             raise ValueError("return_routed_experts needs a mixture-of-experts model")
         sampling = self._make_sampling_params(spec["sampling_params"], len(ids), spec["sample_index"])
+        processor = spec["custom_logit_processor"]
+        if processor is not None or sampling.custom_params is not None:
+            if not self.server_args.enable_custom_logit_processor:
+                # Deserializing a processor runs the client's code in the server (SGLang's rule too).
+                raise ValueError(
+                    "custom_logit_processor and custom_params need the server started with "
+                    "--enable-custom-logit-processor"
+                )
+            if processor is not None:
+                from minisgl.sampling.custom_logit_processor import CustomLogitProcessor
+
+                CustomLogitProcessor.from_str(check_type("custom_logit_processor", processor, str))
         if self.speculative:
             if return_logprob or hidden:
                 raise ValueError("speculative decoding does not return logprobs or hidden states")
@@ -84,6 +101,7 @@ class RequestValidator:
             return_hidden_states=hidden,
             return_routed_experts=experts,
             stream=stream,
+            custom_logit_processor=processor,
         )
 
     def _check_ids(self, name: str, ids: list) -> None:
@@ -105,7 +123,8 @@ class RequestValidator:
             )
 
     def _make_sampling_params(self, params: dict, prompt_len: int, sample_index: int) -> SamplingParams:
-        params = dict(params)
+        refuse_unsupported(params, UNSUPPORTED_SAMPLING_PARAMS)
+        params = {k: v for k, v in params.items() if k not in UNSUPPORTED_SAMPLING_PARAMS}
         user_max_new_tokens = params.get("max_new_tokens")
         if "max_new_tokens" in params and user_max_new_tokens is None:
             params["max_new_tokens"] = self.context_len - prompt_len  # SGLang: None means "to the context length"

@@ -13,6 +13,7 @@ hierarchical cache and overlap scheduling here; omitted.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -80,6 +81,7 @@ class Req:
         self.origin_input_text = recv_req.input_text
         self.origin_input_ids = list(recv_req.input_ids)
         self.sampling_params = recv_req.sampling_params
+        self.custom_logit_processor = recv_req.custom_logit_processor  # serialized, checked by the front end
         self.eos_token_ids = eos_token_ids
         self.max_req_len = max_req_len
         self.generator = generator
@@ -103,6 +105,7 @@ class Req:
 
         # Side outputs.
         self.return_logprob = recv_req.return_logprob
+        self.stream = recv_req.stream  # a streamed request gets its logprobs with every output
         # -1 means "only the generated tokens": start at the last prompt position.
         start = recv_req.logprob_start_len
         self.logprob_start_len = len(self.origin_input_ids) if start < 0 else start
@@ -122,7 +125,7 @@ class Req:
         self.output_token_ids_logprobs_idx: list = []
         self.hidden_states: list[list[float]] = []
         self.routed_experts: Optional[torch.Tensor] = None
-        self.num_retractions = 0
+        self.total_retractions = 0  # SGLang's name for how often it was retracted
         # Speculative decoding: verify rounds run, and draft tokens the target accepted.
         self.spec_verify_ct = 0
         self.spec_accepted_tokens = 0
@@ -149,7 +152,7 @@ class Req:
         limit = len(self.fill_ids) - 1
         if self.return_hidden_states:
             limit = 0
-        if self.return_logprob and self.num_retractions == 0:
+        if self.return_logprob and self.total_retractions == 0:
             limit = min(limit, self.logprob_start_len)
         return max(limit, 0)
 
@@ -176,6 +179,10 @@ class Req:
                 if stop in tail_text:
                     self.finished_reason = FINISH_MATCHED_STR(stop)
                     return
+            for pattern in params.stop_regex_strs:
+                if re.search(pattern, tail_text):
+                    self.finished_reason = FINISH_MATCHED_STR(pattern)  # SGLang reports the pattern too
+                    return
         if self.seqlen >= self.max_req_len:
             self.finished_reason = FINISH_LENGTH(len(self.output_ids))
 
@@ -184,7 +191,7 @@ class Req:
         self.req_pool_idx = None
         self.kv_len = 0
         self.prefix_len = 0
-        self.num_retractions += 1
+        self.total_retractions += 1
 
 
 @dataclasses.dataclass
@@ -381,7 +388,7 @@ class ScheduleBatch:
             # Prompt logprobs are computed once: not for requests that did not ask, and not
             # again when a retracted request re-prefills its prompt.
             batch.extend_logprob_start_lens = [
-                r.logprob_start_len if r.return_logprob and r.num_retractions == 0 else len(r.fill_ids)
+                r.logprob_start_len if r.return_logprob and r.total_retractions == 0 else len(r.fill_ids)
                 for r in reqs
             ]
         return batch

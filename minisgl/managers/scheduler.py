@@ -183,7 +183,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if adder.add_one_req(req) == AddReqResult.STOP:
                 break
         for req in adder.can_run_list:
-            if req.req_pool_idx is None and req.num_retractions == 0:
+            if req.req_pool_idx is None and req.total_retractions == 0:
                 req.cached_tokens = len(req.prefix_indices)
                 self.num_prompt_tokens += len(req.origin_input_ids)
                 self.num_cached_tokens += req.cached_tokens

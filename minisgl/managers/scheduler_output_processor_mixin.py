@@ -18,6 +18,9 @@ from minisgl.managers.io_struct import ReqOutput
 from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
 
+# Trailing tokens a stop_regex is matched against (SGLang bounds it by the pattern's longest match).
+_STOP_REGEX_WINDOW = 64
+
 
 class SchedulerOutputProcessorMixin:
     """Mixed into Scheduler; ``self`` is the Scheduler."""
@@ -102,16 +105,23 @@ class SchedulerOutputProcessorMixin:
             req.output_token_ids_logprobs_idx.append(out.next_token_token_ids_logprobs_idx[i])
 
     def _tail_text(self, req: Req) -> Optional[str]:
-        stops = req.sampling_params.stop_strs
-        if not stops or self.tokenizer is None:
+        params = req.sampling_params
+        stops = params.stop_strs
+        if not (stops or params.stop_regex_strs) or self.tokenizer is None:
             return None
         # Enough trailing tokens to contain the longest stop string: a token is at least one
         # byte (byte-level BPE splits a multibyte character), so count bytes, not characters.
-        n = max(len(s.encode()) for s in stops) + 1
+        # A regex has no length; it is matched on the last _STOP_REGEX_WINDOW tokens.
+        n = max([len(s.encode()) + 1 for s in stops] + [_STOP_REGEX_WINDOW if params.stop_regex_strs else 0])
         return self.tokenizer.decode(req.output_ids[-n:])
 
     def _emit(self, req: Req, new_ids: list[int]) -> None:
         meta = self._build_meta_info(req) if req.finished() else None
+        if meta is None and req.stream and req.return_logprob:
+            # Before it finishes, a streamed request gets the logprobs of its new tokens (and, with
+            # its first token, of the prompt); the front end accumulates them.
+            first = len(new_ids) == len(req.output_ids)
+            meta = _logprob_meta(req, len(req.output_ids) - len(new_ids), with_input=first)
         if meta is not None and req.spec_verify_ct > 0:
             meta.update(self._spec_meta_info(req))
         self.outputs.append(ReqOutput(req.rid, new_ids, req.finished(), meta))
@@ -136,27 +146,37 @@ class SchedulerOutputProcessorMixin:
             "completion_tokens": len(req.output_ids),
             "finish_reason": req.finished_reason.to_json(),
             "cached_tokens": req.cached_tokens,
-            "num_retractions": req.num_retractions,
+            "total_retractions": req.total_retractions,
         }
         if req.return_logprob:
-            # SGLang's shape: (logprob, token_id, text); text is filled by the front end if asked.
-            start = req.logprob_start_len
-            prompt_ids = req.origin_input_ids[start:]
-            meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_token_logprobs, prompt_ids)]
-            meta["output_token_logprobs"] = [
-                (lp, t, None) for lp, t in zip(req.output_token_logprobs, req.output_ids)
-            ]
-            meta["input_top_logprobs"] = _zip_top(req.input_top_logprobs_val, req.input_top_logprobs_idx)
-            meta["output_top_logprobs"] = _zip_top(req.output_top_logprobs_val, req.output_top_logprobs_idx)
-            meta["input_token_ids_logprobs"] = _zip_top(req.input_token_ids_logprobs_val, req.input_token_ids_logprobs_idx)
-            meta["output_token_ids_logprobs"] = _zip_top(
-                req.output_token_ids_logprobs_val, req.output_token_ids_logprobs_idx
-            )
+            meta.update(_logprob_meta(req, 0, with_input=True))
         if req.return_hidden_states:
             meta["hidden_states"] = req.hidden_states
         if req.return_routed_experts and req.routed_experts is not None:
             meta["routed_experts"] = req.routed_experts
         return meta
+
+
+def _logprob_meta(req: Req, out_start: int, with_input: bool) -> dict:
+    """The logprobs of output tokens out_start.. (and of the prompt if with_input), in SGLang's
+    shape: (logprob, token_id, text); text is filled by the front end if asked."""
+    meta = {
+        "output_token_logprobs": [
+            (lp, t, None) for lp, t in zip(req.output_token_logprobs[out_start:], req.output_ids[out_start:])
+        ],
+        "output_top_logprobs": _zip_top(
+            req.output_top_logprobs_val[out_start:], req.output_top_logprobs_idx[out_start:]
+        ),
+        "output_token_ids_logprobs": _zip_top(
+            req.output_token_ids_logprobs_val[out_start:], req.output_token_ids_logprobs_idx[out_start:]
+        ),
+    }
+    if with_input:
+        prompt_ids = req.origin_input_ids[req.logprob_start_len :]
+        meta["input_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.input_token_logprobs, prompt_ids)]
+        meta["input_top_logprobs"] = _zip_top(req.input_top_logprobs_val, req.input_top_logprobs_idx)
+        meta["input_token_ids_logprobs"] = _zip_top(req.input_token_ids_logprobs_val, req.input_token_ids_logprobs_idx)
+    return meta
 
 
 def _split_per_request(result: GenerationBatchResult) -> list[list[int]]:

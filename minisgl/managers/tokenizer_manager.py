@@ -6,7 +6,7 @@ _wait_one_response, abort_request) and the control calls of
 tokenizer_communicator_mixin.py (flush_cache, the expert-distribution calls,
 get_internal_state). Here a request is validated, tokenized, expanded into its
 ``n`` samples, sent to the scheduler, and its outputs detokenized
-(detokenizer_manager.DecodeStatus) and assembled into SGLang's result dicts.
+(GenerateRun) and assembled into SGLang's result dicts.
 
 SGLang runs tokenizer manager, scheduler and detokenizer as three processes joined
 by ZMQ. minisgl holds one *scheduler handle*: the in-process Scheduler, or with
@@ -32,7 +32,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from minisgl.hf_transformers_utils import get_tokenizer
-from minisgl.managers.detokenizer_manager import GenerateRun
+from minisgl.managers.generate_run import GenerateRun
 from minisgl.managers.io_struct import (
     AbortReq,
     ExpertDistributionReq,
@@ -224,16 +224,21 @@ class TokenizerManager:
 
     # ---- generation ----------------------------------------------------------------------------
 
-    async def generate_request(self, obj: GenerateReqInput, request=None) -> AsyncIterator[Union[dict, list[dict]]]:
-        """Stream: yield one chunk per scheduler output, with the new text and ids. Otherwise
-        yield once: a dict, or a list of dicts for a batch (several prompts, or n > 1).
-        ``request`` is the HTTP request, polled for a client that left; a streaming client that
-        leaves closes this generator instead. Either way what has not finished is aborted and
-        its KV freed."""
+    async def generate_request(
+        self, obj: GenerateReqInput, request=None, stream_deltas: Optional[bool] = None
+    ) -> AsyncIterator[Union[dict, list[dict]]]:
+        """Stream: yield one chunk per scheduler output, with the text and ids so far, or only
+        the new part with ``stream_deltas`` (default: the server's --stream-output; the OpenAI
+        layer always asks for deltas). Otherwise yield once: a dict, or a list of dicts for a
+        batch (several prompts, or n > 1). ``request`` is the HTTP request, polled for a client
+        that left; a streaming client that leaves closes this generator instead. Either way
+        what has not finished is aborted and its KV freed."""
         reqs = await self._tokenize(obj)
         state = ReqState(asyncio.get_running_loop() if self._thread is not None else None)
         self._claim_rids(reqs)  # before the try: a refused rid must not abort its owner's request
-        run = GenerateRun(self.tokenizer, obj, reqs, self.abort_request)
+        if stream_deltas is None:
+            stream_deltas = self.server_args.stream_output
+        run = GenerateRun(self, obj, reqs, stream_deltas)
         try:
             for req in reqs:
                 self._send(_GenerateMsg(req), state)

@@ -10,7 +10,7 @@ recounts penalties from the requests' token lists each step, which is simpler an
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -46,6 +46,10 @@ class SamplingBatchInfo:
     vocab_mask: Optional[torch.Tensor] = None  # [bs, ceil(vocab / 32)] int32 bitmask
     apply_mask_func: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None
     device: str = "cpu"
+    # min_new_tokens (SGLang's MinNewTokensPenalizer): -inf on the stop tokens of rows still short.
+    min_new_tokens_mask: Optional[torch.Tensor] = None  # [bs, vocab]
+    # Custom logit processors: (processor, its rows, their custom_params) per distinct processor.
+    custom_logit_processors: Optional[list[tuple[Any, torch.Tensor, list]]] = None
 
     @classmethod
     def from_reqs(cls, reqs: list["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
@@ -77,7 +81,31 @@ class SamplingBatchInfo:
                     info.logit_bias[i, token_id] = bias
         if any(p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0 for p in params):
             info._init_penalties(reqs, device)
+        short = [i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens]
+        if short:
+            info.min_new_tokens_mask = torch.zeros(len(reqs), vocab_size, device=device)
+            for i in short:
+                stops = set(reqs[i].sampling_params.stop_token_ids) | set(reqs[i].eos_token_ids)
+                info.min_new_tokens_mask[i, sorted(stops)] = -float("inf")
+        if any(r.custom_logit_processor for r in reqs):
+            info._init_custom_logit_processors(reqs, device)
         return info
+
+    def _init_custom_logit_processors(self, reqs: list["Req"], device: str) -> None:
+        from minisgl.sampling.custom_logit_processor import CustomLogitProcessor
+
+        rows: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            if r.custom_logit_processor:
+                rows.setdefault(r.custom_logit_processor, []).append(i)
+        self.custom_logit_processors = [
+            (
+                CustomLogitProcessor.from_str(s),
+                torch.tensor(idx, dtype=torch.int64, device=device),
+                [reqs[i].sampling_params.custom_params for i in idx],
+            )
+            for s, idx in rows.items()
+        ]
 
     def _init_penalties(self, reqs: list["Req"], device: str) -> None:
         params = [r.sampling_params for r in reqs]
@@ -122,3 +150,7 @@ class SamplingBatchInfo:
             self.apply_mask_func(logits, self.vocab_mask)
         if self.logit_bias is not None:
             logits += self.logit_bias
+        if self.min_new_tokens_mask is not None:
+            logits += self.min_new_tokens_mask
+        for processor, rows, params in self.custom_logit_processors or []:
+            logits[rows] = processor(logits[rows], params)

@@ -3,7 +3,8 @@
 Mirrors python/sglang/srt/sampling/sampling_params.py (SamplingParams, verify,
 normalize). A request may carry one constraint, ``json_schema``, ``regex`` or ``ebnf``,
 which the grammar backend (minisgl/constrained/) turns into a vocab mask. SGLang also has
-structural tags and custom logit processors; omitted.
+structural tags and a per-request stream_interval; minisgl refuses those keys
+(io_struct.UNSUPPORTED_SAMPLING_PARAMS).
 
 Validation is in two steps, as a request's values arrive from JSON: the constructor
 refuses a value of the wrong type (``True`` is not an int, ``"10"`` is not an int,
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 _SAMPLING_EPS = 1e-6
 # The sampling params that carry a constraint, and the kind each compiles as (SGLang's grammar keys).
@@ -81,6 +82,13 @@ class SamplingParams:
         json_schema: Optional[Union[str, dict]] = None,
         regex: Optional[str] = None,
         ebnf: Optional[str] = None,
+        # SGLang's further keys (sampling_params.py at 64bca53); checked in _verify_sglang_keys.
+        min_new_tokens: int = 0,
+        sampling_seed: Optional[int] = None,
+        stop_regex: Optional[Union[str, list[str]]] = None,
+        no_stop_trim: bool = False,
+        spaces_between_special_tokens: bool = True,
+        custom_params: Optional[dict[str, Any]] = None,
     ) -> None:
         for name, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k), ("n", n)):
             if not _is_int(value):
@@ -109,6 +117,12 @@ class SamplingParams:
         self.json_schema = json.dumps(json_schema) if isinstance(json_schema, dict) else json_schema
         self.regex = regex
         self.ebnf = ebnf
+        self.min_new_tokens = min_new_tokens
+        self.stop_regex_strs = [stop_regex] if isinstance(stop_regex, str) else list(stop_regex or [])
+        self.no_stop_trim = no_stop_trim
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.custom_params = custom_params
+        self._verify_sglang_keys(sampling_seed)
         if 0.0 <= self.temperature < _SAMPLING_EPS:
             # Greedy is temperature 0; SGLang expresses it as top_k = 1 with a neutral temperature.
             self.temperature = 1.0
@@ -178,6 +192,32 @@ class SamplingParams:
         except ImportError:
             raise ValueError(f"{given[0]} needs the xgrammar package, which is not installed") from None
         check_grammar(*self.grammar_key)
+
+    def _verify_sglang_keys(self, sampling_seed) -> None:
+        """Types of the keys minisgl took over from SGLang; sampling_seed is SGLang's name for
+        seed (the OpenAI name, which minisgl's /generate also accepts)."""
+        if sampling_seed is not None:
+            if self.seed is not None:
+                raise ValueError("give seed or sampling_seed, not both")
+            self.seed = sampling_seed
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"sampling_seed must be an integer, got {self.seed!r}")
+        if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int):
+            raise ValueError(f"min_new_tokens must be an integer, got {self.min_new_tokens!r}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        for name in ("no_stop_trim", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise ValueError(f"custom_params must be an object, got {self.custom_params!r}")
+        for pattern in self.stop_regex_strs:
+            if not isinstance(pattern, str) or not pattern:
+                raise ValueError("stop_regex must be a non-empty string or a list of them")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
 
     @classmethod
     def from_dict(cls, params: Optional[dict]) -> "SamplingParams":

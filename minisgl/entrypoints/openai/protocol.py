@@ -7,11 +7,10 @@ field names, including SGLang's extensions (top_k, min_p, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens; the openai client sends them
 through ``extra_body``), and ``response_format`` (text, json_object, json_schema)
 for both routes, as SGLang accepts it. Omitted: tools and tool calls, reasoning,
-structural tags, image/audio/video content, embeddings,
-suffix, best_of; ``echo`` is declared only so that asking for it gets a clear
-400. Pydantic checks types only; value ranges are checked once, by
-SamplingParams.verify and the TokenizerManager, for every entry point. Unknown
-fields are ignored.
+structural tags, image/audio/video content, embeddings, suffix. The request models are
+strict ("10" is not an int) and forbid unknown fields; SGLang's fields that minisgl lacks
+are refused by name from the table below. Value ranges are checked once, by
+SamplingParams.verify and the TokenizerManager, for every entry point.
 """
 
 from __future__ import annotations
@@ -20,7 +19,58 @@ import json
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# SGLang's CompletionRequest / ChatCompletionRequest fields (protocol.py at 64bca53) that minisgl
+# refuses, with SGLang's default: a field given another value is a 400 naming it. docs/chapters/
+# serving.md's table is checked against this dict (tests/test_sglang_fields.py).
+UNSUPPORTED_OPENAI_FIELDS: dict[str, tuple[object, str]] = {
+    "suffix": (None, "text after the insertion point"),
+    "tools": (None, "tool calls"),
+    "tool_choice": ("none", "tool calls"),
+    "parallel_tool_calls": (None, "tool calls"),
+    "functions": (None, "tool calls"),
+    "function_call": (None, "tool calls"),
+    "reasoning_effort": (None, "reasoning parsers"),
+    "separate_reasoning": (True, "reasoning parsers"),
+    "stream_reasoning": (True, "reasoning parsers"),
+    "continue_final_message": (False, "continuing the final message"),
+    "chat_template_kwargs": (None, "chat template arguments"),
+    "lora_path": (None, "LoRA adapters"),
+    "session_params": (None, "sessions"),
+    "bootstrap_host": (None, "prefill/decode disaggregation"),
+    "bootstrap_port": (None, "prefill/decode disaggregation"),
+    "bootstrap_room": (None, "prefill/decode disaggregation"),
+    "data_parallel_rank": (None, "data parallelism"),
+    "extra_key": (None, "cache-isolation keys"),
+    "cache_salt": (None, "cache-isolation keys"),
+    "priority": (None, "priority scheduling"),
+    "custom_labels": (None, "metric labels"),
+    "return_cached_tokens_details": (False, "cached-token details"),
+    "max_dynamic_patch": (None, "multimodal inputs"),
+    "min_dynamic_patch": (None, "multimodal inputs"),
+}
+
+
+# OpenAI's limits on top alternatives per token: /v1/completions' logprobs, chat's top_logprobs.
+MAX_COMPLETION_LOGPROBS = 5
+MAX_TOP_LOGPROBS = 20
+
+
+class StrictModel(BaseModel):
+    """A request model: strict types, no unknown fields, SGLang's unsupported fields refused by name."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name, (default, what) in UNSUPPORTED_OPENAI_FIELDS.items():
+                if name in data and data[name] != default:
+                    raise ValueError(f"minisgl does not support {name} ({what})")
+            data = {k: v for k, v in data.items() if k not in UNSUPPORTED_OPENAI_FIELDS}
+        return data
 
 
 class ErrorInfo(BaseModel):
@@ -57,11 +107,12 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(StrictModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class JsonSchemaResponseFormat(BaseModel):
+class JsonSchemaResponseFormat(StrictModel):
     name: str
     description: Optional[str] = None
     # "schema" would shadow a BaseModel attribute; the alias keeps the wire name.
@@ -70,7 +121,7 @@ class JsonSchemaResponseFormat(BaseModel):
     strict: Optional[bool] = False
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaResponseFormat] = None
 
@@ -85,7 +136,7 @@ class ResponseFormat(BaseModel):
         return None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(StrictModel):
     """The sampling fields completions and chat share (SGLang repeats them in both classes)."""
 
     frequency_penalty: float = 0.0
@@ -106,6 +157,18 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     response_format: Optional[ResponseFormat] = None
+    # SGLang's constraint fields (extra_body), besides response_format: at most one of them.
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    min_tokens: int = 0
+    stop_regex: Optional[Union[str, list[str]]] = None
+    no_stop_trim: bool = False
+    custom_params: Optional[dict] = None
+    custom_logit_processor: Optional[str] = None
+    return_hidden_states: bool = False
+    return_routed_experts: bool = False
+    rid: Optional[Union[str, list[str]]] = None
 
 
 # ---- completions --------------------------------------------------------------------------
@@ -125,6 +188,7 @@ class CompletionRequest(SamplingFields):
     temperature: float = 1.0
     logprobs: Optional[int] = None
     echo: bool = False
+    best_of: Optional[int] = None  # only equal to n: minisgl returns every sample it draws
 
 
 FinishReason = Optional[Literal["stop", "length", "abort"]]
@@ -167,12 +231,12 @@ class CompletionStreamResponse(BaseModel):
 # ---- chat completions ---------------------------------------------------------------------
 
 
-class ChatCompletionMessageContentTextPart(BaseModel):
+class ChatCompletionMessageContentTextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ChatCompletionMessageParam(BaseModel):
+class ChatCompletionMessageParam(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ChatCompletionMessageContentTextPart], None] = None
     name: Optional[str] = None
@@ -208,6 +272,8 @@ class ChoiceLogprobs(BaseModel):
 class ChatMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list] = None
 
 
 class ChatCompletionResponseChoice(BaseModel):
@@ -230,6 +296,9 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    # SGLang always sends these, null when unused (minisgl has no reasoning parser or tool calls).
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list] = None
 
 
 class ChatCompletionResponseStreamChoice(BaseModel):
@@ -247,3 +316,28 @@ class ChatCompletionStreamResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+
+
+# ---- tokenizer routes (SGLang's /tokenize and /detokenize) --------------------------------
+
+
+class TokenizeRequest(StrictModel):
+    model: Optional[str] = None
+    prompt: Union[str, list[str]]
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    tokens: Union[list[int], list[list[int]]]
+    count: Union[int, list[int]]
+    max_model_len: int
+
+
+class DetokenizeRequest(StrictModel):
+    model: Optional[str] = None
+    tokens: Union[list[int], list[list[int]]]
+    skip_special_tokens: bool = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: Union[str, list[str]]

@@ -57,24 +57,27 @@ class OpenAIServingBase:
             adapted = self._convert_to_internal_request(request)
         except ValueError as e:
             return create_error_response(str(e))
-        # The response id; GenerateReqInput's normalization turns adapted.rid into one per request.
-        rid = adapted.rid = uuid.uuid4().hex
+        response_id = uuid.uuid4().hex
+        adapted.rid = request.rid if request.rid is not None else response_id
         if request.stream:
-            return await self._handle_streaming_request(adapted, rid, request, raw_request)
-        return await self._handle_non_streaming_request(adapted, rid, request, raw_request)
+            return await self._handle_streaming_request(adapted, request, raw_request, response_id)
+        return await self._handle_non_streaming_request(adapted, request, raw_request, response_id)
 
     async def _handle_non_streaming_request(
-        self, adapted: GenerateReqInput, rid: str, request, raw_request: Request
+        self, adapted: GenerateReqInput, request, raw_request: Request, response_id: str
     ) -> Response:
         try:
             ret = await anext(self.tokenizer_manager.generate_request(adapted, raw_request))
         except ValueError as e:
             return create_error_response(str(e))
-        response = self._build_response(request, rid, ret if isinstance(ret, list) else [ret])
+        response = self._build_response(request, response_id, ret if isinstance(ret, list) else [ret])
         return JSONResponse(response.model_dump())
 
-    async def _handle_streaming_request(self, adapted: GenerateReqInput, rid: str, request, raw_request: Request) -> Response:
-        stream = self.tokenizer_manager.generate_request(adapted, raw_request)
+    async def _handle_streaming_request(
+        self, adapted: GenerateReqInput, request, raw_request: Request, response_id: str
+    ) -> Response:
+        # The OpenAI stream is of deltas, whatever --stream-output says about /generate.
+        stream = self.tokenizer_manager.generate_request(adapted, raw_request, stream_deltas=True)
         try:
             # Validation runs before the first chunk: a bad request gets a 400, not a broken stream.
             first = await anext(stream)
@@ -88,7 +91,7 @@ class OpenAIServingBase:
 
         async def sse() -> AsyncIterator[str]:
             try:
-                async for event in self._generate_stream(request, rid, chunks()):
+                async for event in self._generate_stream(request, response_id, chunks()):
                     yield f"data: {event.model_dump_json()}\n\n"
             except Exception as e:
                 # The status line has gone out; the error can only travel in the stream (SGLang's way).
@@ -101,6 +104,27 @@ class OpenAIServingBase:
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
+    async def _generate_stream(
+        self, request, response_id: str, chunks: AsyncIterator[dict]
+    ) -> AsyncIterator[BaseModel]:
+        """The loop both endpoints stream with: one event per chunk that shows something, then usage."""
+        for opening in self._stream_openings(request, response_id):
+            yield opening
+        final_metas: dict[int, dict] = {}
+        started: set[int] = set()
+        async for chunk in chunks:
+            index = chunk.get("index", 0)
+            meta = chunk["meta_info"]
+            if meta["finish_reason"] is not None:
+                final_metas[index] = meta
+            elif not chunk["text"] and not meta.get("output_token_logprobs"):
+                continue  # nothing to show yet (a partial character, or a possible stop string)
+            yield self._stream_event(request, response_id, index, chunk, first=index not in started)
+            started.add(index)
+        if request.stream_options is not None and request.stream_options.include_usage:
+            metas = [final_metas[i] for i in sorted(final_metas)]
+            yield self._stream_usage(request, response_id, usage_of(metas, request.n))
+
     # ---- what subclasses provide -----------------------------------------------------------
 
     def _validate_request(self, request) -> Optional[str]:
@@ -110,11 +134,41 @@ class OpenAIServingBase:
     def _convert_to_internal_request(self, request) -> GenerateReqInput:
         raise NotImplementedError
 
-    def _build_response(self, request, rid: str, rets: list[dict]) -> BaseModel:
+    def _response_choice(self, request, index: int, ret: dict) -> BaseModel:
+        """Choice ``index`` of a whole response, from the TokenizerManager's result ``ret``."""
         raise NotImplementedError
 
-    def _generate_stream(self, request, rid: str, chunks: AsyncIterator[dict]) -> AsyncIterator[BaseModel]:
+    def _stream_openings(self, request, response_id: str) -> list[BaseModel]:
+        return []
+
+    def _stream_choice(self, request, index: int, chunk: dict, first: bool) -> BaseModel:
+        """Choice ``index`` of one stream event, from a chunk of deltas (``first``: its first event)."""
         raise NotImplementedError
+
+    # ---- responses, assembled the same way for both endpoints ------------------------------
+
+    response_cls: type[BaseModel]
+    stream_response_cls: type[BaseModel]
+    id_prefix: str
+
+    def _build_response(self, request, response_id: str, rets: list[dict]) -> BaseModel:
+        return self.response_cls(
+            id=f"{self.id_prefix}-{response_id}",
+            model=request.model,
+            choices=[self._response_choice(request, i, ret) for i, ret in enumerate(rets)],
+            usage=usage_of([ret["meta_info"] for ret in rets], request.n),
+        )
+
+    def _stream_response(self, request, response_id: str, choices: list, usage=None) -> BaseModel:
+        return self.stream_response_cls(
+            id=f"{self.id_prefix}-{response_id}", model=request.model, choices=choices, usage=usage
+        )
+
+    def _stream_event(self, request, response_id: str, index: int, chunk: dict, first: bool) -> BaseModel:
+        return self._stream_response(request, response_id, [self._stream_choice(request, index, chunk, first)])
+
+    def _stream_usage(self, request, response_id: str, usage: UsageInfo) -> BaseModel:
+        return self._stream_response(request, response_id, [], usage)
 
     # ---- shared helpers --------------------------------------------------------------------
 
@@ -123,6 +177,7 @@ class OpenAIServingBase:
         return {
             "temperature": temperature,
             "max_new_tokens": max_new_tokens,
+            "min_new_tokens": request.min_tokens,
             "top_p": request.top_p,
             "top_k": request.top_k,
             "min_p": request.min_p,
@@ -131,12 +186,27 @@ class OpenAIServingBase:
             "repetition_penalty": request.repetition_penalty,
             "stop": request.stop,
             "stop_token_ids": request.stop_token_ids,
+            "stop_regex": request.stop_regex,
+            "no_stop_trim": request.no_stop_trim,
             "ignore_eos": request.ignore_eos,
             "skip_special_tokens": request.skip_special_tokens,
             "logit_bias": request.logit_bias,
-            "seed": request.seed,
+            "sampling_seed": request.seed,
+            "custom_params": request.custom_params,
             "n": request.n,
-            "json_schema": request.response_format.to_json_schema() if request.response_format else None,
+            "json_schema": request.response_format.to_json_schema() if request.response_format else request.json_schema,
+            "regex": request.regex,
+            "ebnf": request.ebnf,
+        }
+
+    @staticmethod
+    def _side_outputs(request: SamplingFields) -> dict:
+        """The GenerateReqInput fields both endpoints pass through unchanged."""
+        return {
+            "stream": request.stream,
+            "return_hidden_states": request.return_hidden_states,
+            "return_routed_experts": request.return_routed_experts,
+            "custom_logit_processor": request.custom_logit_processor,
         }
 
     @staticmethod

@@ -4,16 +4,15 @@ Mirrors python/sglang/srt/entrypoints/openai/serving_chat.py (_validate_request,
 _convert_to_internal_request, _process_messages, _apply_jinja_template,
 _generate_chat_stream, _build_chat_response). The prompt is the tokenizer's own
 chat template with ``add_generation_prompt=True``. Omitted: tools and tool
-calls, reasoning parsers, multimodal content, continue_final_message, and
-logprobs while streaming (the scheduler hands logprobs over only when a
-request finishes).
+calls, reasoning parsers, multimodal content, continue_final_message.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Optional
+from typing import Optional
 
 from minisgl.entrypoints.openai.protocol import (
+    MAX_TOP_LOGPROBS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -25,11 +24,8 @@ from minisgl.entrypoints.openai.protocol import (
     DeltaMessage,
     TopLogprob,
 )
-from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields, usage_of
+from minisgl.entrypoints.openai.serving_base import OpenAIServingBase, finish_reason_fields
 from minisgl.managers.io_struct import GenerateReqInput, check_text
-
-# OpenAI's limit on top alternatives per token for chat.
-MAX_TOP_LOGPROBS = 20
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -43,8 +39,6 @@ class OpenAIServingChat(OpenAIServingBase):
                 return "top_logprobs needs logprobs=true"
             if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
                 return f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.top_logprobs}"
-        if request.logprobs and request.stream:
-            return "logprobs are not supported with stream=true"
         return self._validate_max_tokens(request.max_tokens, "max_tokens") or self._validate_max_tokens(
             request.max_completion_tokens, "max_completion_tokens"
         )
@@ -57,9 +51,9 @@ class OpenAIServingChat(OpenAIServingBase):
             input_ids=self._apply_jinja_template(request),
             # None: generate up to the context length, as OpenAI does when max_tokens is unset.
             sampling_params=self._build_sampling_params(request, request.temperature, max_new_tokens),
-            stream=request.stream,
             return_logprob=request.logprobs,
             top_logprobs_num=request.top_logprobs or 0,
+            **self._side_outputs(request),
         )
 
     def _apply_jinja_template(self, request: ChatCompletionRequest) -> list[int]:
@@ -80,54 +74,39 @@ class OpenAIServingChat(OpenAIServingBase):
             return content or ""
         return "\n".join(part.text for part in content)
 
-    def _build_response(self, request: ChatCompletionRequest, rid: str, rets: list[dict]) -> ChatCompletionResponse:
-        choices = [
-            ChatCompletionResponseChoice(
-                index=i,
-                message=ChatMessage(role="assistant", content=ret["text"]),
-                logprobs=self._logprobs(ret["meta_info"]) if request.logprobs else None,
-                **finish_reason_fields(ret["meta_info"]["finish_reason"]),
-            )
-            for i, ret in enumerate(rets)
-        ]
-        return ChatCompletionResponse(
-            id=f"chatcmpl-{rid}",
-            model=request.model,
-            choices=choices,
-            usage=usage_of([ret["meta_info"] for ret in rets], request.n),
+    response_cls = ChatCompletionResponse
+    stream_response_cls = ChatCompletionStreamResponse
+    id_prefix = "chatcmpl"
+
+    def _response_choice(self, request: ChatCompletionRequest, index: int, ret: dict) -> ChatCompletionResponseChoice:
+        return ChatCompletionResponseChoice(
+            index=index,
+            message=ChatMessage(role="assistant", content=ret["text"]),
+            logprobs=self._logprobs(ret["meta_info"]) if request.logprobs else None,
+            **finish_reason_fields(ret["meta_info"]["finish_reason"]),
         )
 
-    async def _generate_stream(
-        self, request: ChatCompletionRequest, rid: str, chunks: AsyncIterator[dict]
-    ) -> AsyncIterator[ChatCompletionStreamResponse]:
-        def response(choice: ChatCompletionResponseStreamChoice) -> ChatCompletionStreamResponse:
-            return ChatCompletionStreamResponse(id=f"chatcmpl-{rid}", model=request.model, choices=[choice])
-
+    def _stream_openings(self, request: ChatCompletionRequest, response_id: str) -> list[ChatCompletionStreamResponse]:
         # OpenAI opens every choice with a delta that carries only the role.
-        for index in range(request.n):
-            opening = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
-            yield response(opening)
-        final_metas: dict[int, dict] = {}
-        async for chunk in chunks:
-            index = chunk.get("index", 0)
-            meta = chunk["meta_info"]
-            if meta["finish_reason"] is not None:
-                final_metas[index] = meta
-            elif not chunk["text"]:
-                continue  # nothing to show yet (a partial character, or a possible stop string)
-            delta = DeltaMessage(content=chunk["text"] or None)
-            finish = finish_reason_fields(meta["finish_reason"])
-            yield response(ChatCompletionResponseStreamChoice(index=index, delta=delta, **finish))
-        if request.stream_options is not None and request.stream_options.include_usage:
-            metas = [final_metas[i] for i in sorted(final_metas)]
-            yield ChatCompletionStreamResponse(
-                id=f"chatcmpl-{rid}", model=request.model, choices=[], usage=usage_of(metas, request.n)
-            )
+        opening = DeltaMessage(role="assistant", content="")
+        choices = [ChatCompletionResponseStreamChoice(index=i, delta=opening) for i in range(request.n)]
+        return [self._stream_response(request, response_id, [choice]) for choice in choices]
+
+    def _stream_choice(
+        self, request: ChatCompletionRequest, index: int, chunk: dict, first: bool
+    ) -> ChatCompletionResponseStreamChoice:
+        meta = chunk["meta_info"]
+        return ChatCompletionResponseStreamChoice(
+            index=index,
+            delta=DeltaMessage(content=chunk["text"] or None),
+            logprobs=self._logprobs(meta) if request.logprobs else None,
+            **finish_reason_fields(meta["finish_reason"]),
+        )
 
     def _logprobs(self, meta: dict) -> ChoiceLogprobs:
         tops = meta.get("output_top_logprobs") or []
         content = []
-        for k, (logprob, token_id, _) in enumerate(meta["output_token_logprobs"]):
+        for k, (logprob, token_id, _) in enumerate(meta.get("output_token_logprobs") or []):
             token = self._token_text(token_id)
             top = tops[k] if k < len(tops) and tops[k] else []
             content.append(
