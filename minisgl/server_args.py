@@ -66,6 +66,9 @@ class ServerArgs:
     speculative_num_steps: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
 
+    # Observability: a Prometheus /metrics route with SGLang's metric names (needs prometheus_client)
+    enable_metrics: bool = False
+
     # Misc
     random_seed: int = 0
     skip_tokenizer_init: bool = False

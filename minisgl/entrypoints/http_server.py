@@ -8,7 +8,7 @@ middleware (SGLang's utils/auth.py) and launch_server. SGLang keeps the app
 and its state in module globals; minisgl builds them in ``create_app``, so a
 test can run a server in-process. Errors use OpenAI's nested body
 ``{"error": {"message", "type", "code"}}`` everywhere. Omitted: weight
-updates, LoRA, sessions, profiling, metrics, embeddings, tokenize endpoints,
+updates, LoRA, sessions, profiling, embeddings, tokenize endpoints,
 the Ollama/SageMaker/Vertex routes, warm-up requests.
 """
 
@@ -167,6 +167,13 @@ async def available_models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format (SGLang mounts prometheus_client's app at /metrics); only with --enable-metrics."""
+    tm = _tokenizer_manager(request)
+    body, content_type = tm.metrics.render(await tm.get_internal_state())
+    return Response(body, media_type=content_type)
+
+
 # ---- errors and authentication --------------------------------------------------------------
 
 
@@ -230,6 +237,11 @@ def create_app(
     app.state.openai_serving_completion = OpenAIServingCompletion(tokenizer_manager, served_model_name)
     app.state.openai_serving_chat = OpenAIServingChat(tokenizer_manager, served_model_name)
     app.include_router(router)
+    if tokenizer_manager.server_args.enable_metrics:
+        from minisgl.managers.metrics_collector import MetricsCollectors
+
+        tokenizer_manager.metrics = MetricsCollectors(served_model_name)
+        app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(Exception, internal_error_handler)

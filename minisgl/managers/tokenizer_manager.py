@@ -112,6 +112,8 @@ class TokenizerManager:
         self.tokenizer = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
         self.validator = RequestValidator(server_args, self.worker_info, self.model_config.is_moe)
         self.num_aborted_reqs = 0
+        # metrics_collector.MetricsCollectors, set by the server under --enable-metrics; None costs nothing.
+        self.metrics = None
 
         self._routes: dict[str, ReqState] = {}  # rid -> its caller, until the scheduler reports it finished
         self._recv_queue: queue.Queue = queue.Queue()
@@ -237,6 +239,8 @@ class TokenizerManager:
         finally:
             for rid in run.pending:
                 self.abort_request(rid)
+                if self.metrics is not None:
+                    self.metrics.tokenizer.observe_one_aborted_request()
             if state.loop is None and not self._closed:
                 self._process_inbox(block=False)  # inline: free an aborted request's KV now
         if not obj.stream:
@@ -384,6 +388,7 @@ class _GenerateRun:
         self.texts = [""] * len(reqs)
         self.output_ids: list[list[int]] = [[] for _ in reqs]
         self.metas: list[Optional[dict]] = [None] * len(reqs)
+        self.timers = [tm.metrics.tokenizer.new_request_timer() for _ in reqs] if tm.metrics is not None else None
 
     def on_output(self, out: ReqOutput) -> Optional[dict]:
         """Take one scheduler output; return the chunk to stream, if streaming."""
@@ -396,6 +401,8 @@ class _GenerateRun:
         self.texts[i] += chunk["text"]
         self.output_ids[i] += chunk["output_ids"]
         self.metas[i] = chunk["meta_info"]
+        if self.timers is not None:
+            self.timers[i].on_output(len(chunk["output_ids"]), chunk["meta_info"])
         if not self.single:
             chunk["index"] = i
         return chunk if self.stream else None
