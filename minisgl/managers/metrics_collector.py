@@ -14,6 +14,7 @@ disaggregation, grammar, storage and per-stage metrics, custom labels.
 from __future__ import annotations
 
 import time
+
 # SGLang's buckets (collector.py, TokenizerMetricsCollector.__init__), in seconds.
 _TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 _ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
@@ -145,4 +146,3 @@ class MetricsCollectors:
 
         self.scheduler.log_stats(internal_state)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
