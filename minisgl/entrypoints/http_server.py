@@ -69,6 +69,25 @@ async def get_server_info(request: Request) -> dict:
     return await _tokenizer_manager(request).get_server_info()
 
 
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def get_model_info(request: Request) -> dict:
+    """What SGLang's clients read first (sgl.RuntimeEndpoint, the router's worker check); a minimal form."""
+    tm = _tokenizer_manager(request)
+    config = tm.model_config
+    return {
+        "model_path": tm.server_args.model_path,
+        "tokenizer_path": tm.server_args.tokenizer_path,
+        "is_generation": config.is_generation,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": getattr(config.hf_config, "model_type", None),
+        "architectures": config.architectures,
+    }
+
+
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate_request(request: Request) -> Response:
     # The body is read as plain JSON, not through a pydantic model: pydantic would coerce
