@@ -66,7 +66,11 @@ async def health(request: Request) -> Response:
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict:
     """Server args, worker limits and the live KV-pool accounting (SGLang lists the last per DP rank)."""
-    return await _tokenizer_manager(request).get_server_info()
+    # served_model_name: a ServerArgs field in SGLang, an HTTP flag here; sglang-router names a worker's model by it.
+    return {
+        **await _tokenizer_manager(request).get_server_info(),
+        "served_model_name": request.app.state.served_model_name,
+    }
 
 
 @router.get("/get_model_info")
@@ -99,7 +103,7 @@ async def generate_request(request: Request) -> Response:
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
     try:
-        obj = GenerateReqInput(**body)
+        obj = GenerateReqInput(**_without_sglang_defaults(body))
     except TypeError as e:
         return create_error_response(f"unknown field in the request: {e}")
     stream = _tokenizer_manager(request).generate_request(obj, request)
@@ -123,6 +127,28 @@ async def generate_request(request: Request) -> Response:
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(sse(), media_type="text/event-stream")
+
+
+# Fields of SGLang's GenerateReqInput that minisgl does not implement, at the values that mean
+# "not used". sglang-router re-serializes every /generate body from its own typed struct, which
+# writes these out (and the model name, which SGLang's /generate ignores) on every request.
+_SGLANG_UNUSED_DEFAULTS = {
+    "return_text_in_logprobs": False, "log_metrics": True, "modalities": None, "session_params": None,
+    "lora_path": None, "lora_id": None, "custom_logit_processor": None, "bootstrap_host": None,
+    "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None, "data_parallel_rank": None,
+    "background": False, "conversation_id": None, "priority": None, "extra_key": None, "no_logs": False,
+    "custom_labels": None, "return_bytes": False, "return_entropy": False, "input_embeds": None,
+    "image_data": None, "video_data": None, "audio_data": None,
+}  # fmt: skip
+
+
+def _without_sglang_defaults(body: dict) -> dict:
+    """The body less ``model`` and the unused fields at their defaults; any other value stays, to be refused."""
+    return {
+        k: v
+        for k, v in body.items()
+        if k != "model" and not (k in _SGLANG_UNUSED_DEFAULTS and v == _SGLANG_UNUSED_DEFAULTS[k])
+    }
 
 
 def _sse_event(out: dict) -> str:
