@@ -32,6 +32,7 @@ from minisgl.entrypoints.openai.protocol import ChatCompletionRequest, Completio
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from minisgl.entrypoints.sglang_fields import fill_logprob_texts, without_sglang_defaults
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -102,8 +103,9 @@ async def generate_request(request: Request) -> Response:
         return create_error_response(f"malformed JSON body: {e}")
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
+    body, want_logprob_texts = without_sglang_defaults(body)
     try:
-        obj = GenerateReqInput(**_without_sglang_defaults(body))
+        obj = GenerateReqInput(**body)
     except TypeError as e:
         return create_error_response(f"unknown field in the request: {e}")
     stream = _tokenizer_manager(request).generate_request(obj, request)
@@ -112,6 +114,8 @@ async def generate_request(request: Request) -> Response:
     except ValueError as e:
         return create_error_response(str(e))
     if not obj.stream:
+        if want_logprob_texts:
+            fill_logprob_texts(first, _tokenizer_manager(request).tokenizer)
         return JSONResponse(_jsonable(first))
 
     async def sse() -> AsyncIterator[str]:
@@ -127,28 +131,6 @@ async def generate_request(request: Request) -> Response:
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(sse(), media_type="text/event-stream")
-
-
-# Fields of SGLang's GenerateReqInput that minisgl does not implement, at the values that mean
-# "not used". sglang-router re-serializes every /generate body from its own typed struct, which
-# writes these out (and the model name, which SGLang's /generate ignores) on every request.
-_SGLANG_UNUSED_DEFAULTS = {
-    "return_text_in_logprobs": False, "log_metrics": True, "modalities": None, "session_params": None,
-    "lora_path": None, "lora_id": None, "custom_logit_processor": None, "bootstrap_host": None,
-    "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None, "data_parallel_rank": None,
-    "background": False, "conversation_id": None, "priority": None, "extra_key": None, "no_logs": False,
-    "custom_labels": None, "return_bytes": False, "return_entropy": False, "input_embeds": None,
-    "image_data": None, "video_data": None, "audio_data": None,
-}  # fmt: skip
-
-
-def _without_sglang_defaults(body: dict) -> dict:
-    """The body less ``model`` and the unused fields at their defaults; any other value stays, to be refused."""
-    return {
-        k: v
-        for k, v in body.items()
-        if k != "model" and not (k in _SGLANG_UNUSED_DEFAULTS and v == _SGLANG_UNUSED_DEFAULTS[k])
-    }
 
 
 def _sse_event(out: dict) -> str:
