@@ -85,6 +85,9 @@ class ServerArgs:
     stream_output: bool = False
     enable_custom_logit_processor: bool = False
 
+    # Observability: a Prometheus /metrics route with SGLang's metric names (needs prometheus_client)
+    enable_metrics: bool = False
+
     # Misc
     random_seed: int = 0
     skip_tokenizer_init: bool = False

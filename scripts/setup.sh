@@ -17,6 +17,13 @@ if [[ "${1:-}" == "--dev" ]]; then extras="serve,dev,docs"; fi
 # Compile the C++ CPU kernels now (about a minute, once) rather than on the first run.
 .venv/bin/python -m minisgl.kernels.cpu || echo "warning: CPU kernels not built; minisgl falls back to its PyTorch paths"
 
+if [[ "${1:-}" == "--dev" ]]; then
+  # SGLang's frontend language (sglang.lang) and bench_serving's tokenizer helpers, for the tests that run
+  # them against minisgl. Its declared dependencies are SGLang's GPU runtime (flashinfer, cuda-python, ...);
+  # what sglang.lang imports is in the dev extra (pybase64, aiohttp, requests).
+  .venv/bin/pip install -q --no-deps "sglang==0.5.9"
+fi
+
 if [[ "${1:-}" == "--dev" ]] && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
   # The docs-site test loads every page of both editions in a real headless browser; the
   # Chinese edition needs a CJK font (the site's CSS names Noto Sans CJK SC), or it shows boxes.

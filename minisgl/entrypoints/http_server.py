@@ -44,6 +44,7 @@ from minisgl.entrypoints.openai.protocol import (
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from minisgl.entrypoints.sglang_fields import fill_logprob_texts, without_sglang_defaults
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -81,6 +82,8 @@ async def get_server_info(request: Request) -> dict:
     info = await _tokenizer_manager(request).get_server_info()
     drain = getattr(request.app.state, "drain", None)  # set by launch_server's middleware
     info["num_inflight_http_requests"] = drain.num_inflight if drain is not None else None
+    # served_model_name: a ServerArgs field in SGLang, an HTTP flag here; sglang-router names a worker's model by it.
+    info["served_model_name"] = request.app.state.served_model_name
     return info
 
 
@@ -94,6 +97,7 @@ async def generate_request(request: Request) -> Response:
         return create_error_response(f"malformed JSON body: {e}")
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
+    body, want_logprob_texts = without_sglang_defaults(body)
     try:
         obj = GenerateReqInput.from_dict(body)
     except (TypeError, ValueError) as e:
@@ -104,6 +108,8 @@ async def generate_request(request: Request) -> Response:
     except ValueError as e:
         return create_error_response(str(e))
     if not obj.stream:
+        if want_logprob_texts:
+            fill_logprob_texts(first, _tokenizer_manager(request).tokenizer)
         return JSONResponse(_jsonable(first))
 
     async def sse() -> AsyncIterator[str]:
@@ -268,6 +274,13 @@ async def retrieve_model(model: str, request: Request) -> Response:
     return JSONResponse(_model_card(request).model_dump())
 
 
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format (SGLang mounts prometheus_client's app at /metrics); only with --enable-metrics."""
+    tm = _tokenizer_manager(request)
+    body, content_type = tm.metrics.render(await tm.get_internal_state())
+    return Response(body, media_type=content_type)
+
+
 # ---- errors and authentication --------------------------------------------------------------
 
 
@@ -332,6 +345,11 @@ def create_app(
     app.state.openai_serving_completion = OpenAIServingCompletion(tokenizer_manager, served_model_name)
     app.state.openai_serving_chat = OpenAIServingChat(tokenizer_manager, served_model_name)
     app.include_router(router)
+    if tokenizer_manager.server_args.enable_metrics:
+        from minisgl.managers.metrics_collector import MetricsCollectors
+
+        tokenizer_manager.metrics = MetricsCollectors(served_model_name)
+        app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
     app.add_exception_handler(Exception, internal_error_handler)

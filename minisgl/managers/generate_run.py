@@ -52,6 +52,8 @@ class GenerateRun:
         self.metas: list[Optional[dict]] = [None] * len(reqs)
         # A streamed request's logprobs so far, accumulated from the scheduler's per-step ones.
         self.logprobs: list[dict[str, list]] = [{} for _ in reqs]
+        # Per-request latency timers for --enable-metrics (metrics_collector.py); None when off.
+        self.timers = [tm.metrics.tokenizer.new_request_timer() for _ in reqs] if tm.metrics is not None else None
 
     def on_output(self, out: ReqOutput) -> Optional[dict]:
         """Take one scheduler output; return the chunk to stream, if streaming."""
@@ -66,6 +68,8 @@ class GenerateRun:
         self.output_ids[i] += out.new_output_ids
         new_logprobs = self._take_logprobs(i, meta)
         self.metas[i] = meta
+        if self.timers is not None:
+            self.timers[i].on_output(len(out.new_output_ids), meta)
         if not self.stream:
             return None
         if self.deltas:

@@ -112,6 +112,8 @@ class TokenizerManager:
         self.tokenizer = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
         self.validator = RequestValidator(server_args, self.worker_info, self.model_config.is_moe)
         self.num_aborted_reqs = 0
+        # metrics_collector.MetricsCollectors, set by the server under --enable-metrics; None costs nothing.
+        self.metrics = None
 
         self._routes: dict[str, ReqState] = {}  # rid -> its caller, until the scheduler reports it finished
         self._recv_queue: queue.Queue = queue.Queue()
@@ -249,6 +251,8 @@ class TokenizerManager:
         finally:
             for rid in run.pending:
                 self.abort_request(rid)
+                if self.metrics is not None:
+                    self.metrics.tokenizer.observe_one_aborted_request()
             if state.loop is None and not self._closed:
                 self._process_inbox(block=False)  # inline: free an aborted request's KV now
         if not obj.stream:
