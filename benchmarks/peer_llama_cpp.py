@@ -78,16 +78,28 @@ def served_gguf(src: Path, dtype: str) -> Path:
 
 
 def post(port: int, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=3600) as resp:
         return json.loads(resp.read())
 
 
 def completion(port: int, prompt: list[int], n: int) -> dict:
     """Greedy, exactly n tokens: llama-server takes a prompt of token ids as is (no BOS added)."""
-    return post(port, {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
-                       "return_tokens": True})
+    return post(
+        port,
+        {
+            "prompt": prompt,
+            "n_predict": n,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+            "return_tokens": True,
+        },
+    )
 
 
 def wait_ready(proc: subprocess.Popen, port: int, timeout: float = 300) -> None:
@@ -127,11 +139,30 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     longest = max(len(p) + n for p, n in workload)
-    cmd = [args.server, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "--parallel", str(len(workload)), "--cont-batching", "--ctx-size", str(len(workload) * (longest + 16)),
-           "--threads", str(args.threads), "--threads-batch", str(args.threads),
-           "--cache-type-k", KV_CACHE_TYPE[args.dtype], "--cache-type-v", KV_CACHE_TYPE[args.dtype],
-           "--no-warmup", "--log-disable"]
+    cmd = [
+        args.server,
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(len(workload)),
+        "--cont-batching",
+        "--ctx-size",
+        str(len(workload) * (longest + 16)),
+        "--threads",
+        str(args.threads),
+        "--threads-batch",
+        str(args.threads),
+        "--cache-type-k",
+        KV_CACHE_TYPE[args.dtype],
+        "--cache-type-v",
+        KV_CACHE_TYPE[args.dtype],
+        "--no-warmup",
+        "--log-disable",
+    ]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -151,8 +182,17 @@ def main() -> None:
         raise
     proc.terminate()
     proc.wait(timeout=30)
-    print(json.dumps({"tok_s": tokens / elapsed, "seconds": elapsed, "startup_s": startup, "peak_rss_mb": rss,
-                      "outputs": [o["tokens"] for o in outs]}))
+    print(
+        json.dumps(
+            {
+                "tok_s": tokens / elapsed,
+                "seconds": elapsed,
+                "startup_s": startup,
+                "peak_rss_mb": rss,
+                "outputs": [o["tokens"] for o in outs],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

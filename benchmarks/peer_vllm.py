@@ -50,13 +50,17 @@ def main() -> None:
     # vLLM runs the model in worker processes: count the whole process tree, at the end of the run.
     me = psutil.Process()
     tree_rss = sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
-    print(json.dumps({
-        "tok_s": tokens / elapsed,
-        "seconds": elapsed,
-        "startup_s": startup,
-        "peak_rss_mb": max(tree_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "outputs": [list(o.outputs[0].token_ids) for o in outs],
-    }))
+    print(
+        json.dumps(
+            {
+                "tok_s": tokens / elapsed,
+                "seconds": elapsed,
+                "startup_s": startup,
+                "peak_rss_mb": max(tree_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "outputs": [list(o.outputs[0].token_ids) for o in outs],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ def main() -> None:
     path = resolve_model_path(args.model_path)
     engine = Engine(model_path=path, dtype=args.dtype, max_total_tokens=32768, disable_radix_cache=True)
     runner = engine.scheduler.tp_worker.model_runner
-    print(f"{args.dtype}, attention backend {engine.server_args.attention_backend}, "
-          f"{torch.get_num_threads()} threads; {args.batch} requests x {args.prompt_len} prompt tokens, "
-          f"then {args.decode_steps} decode steps")
+    print(
+        f"{args.dtype}, attention backend {engine.server_args.attention_backend}, "
+        f"{torch.get_num_threads()} threads; {args.batch} requests x {args.prompt_len} prompt tokens, "
+        f"then {args.decode_steps} decode steps"
+    )
 
     phases: dict[str, list] = {"prefill": [], "decode": []}
     forward = runner.forward

@@ -78,16 +78,21 @@ def main() -> None:
     print(f"read bandwidth: {dram / 1e9:.1f} GB/s from a 1 GiB buffer, {cache / 1e9:.1f} GB/s from 32 MiB")
 
     weight_bytes = (LAYERS * sum(n * k for n, k in SHAPES) + VOCAB * HIDDEN) * pack_linear_weight(
-        torch.zeros(2 * INTER, HIDDEN).to(dtype)).element_size()  # 2 bytes where bf16 weights stay bf16
+        torch.zeros(2 * INTER, HIDDEN).to(dtype)
+    ).element_size()  # 2 bytes where bf16 weights stay bf16
     kv_bytes_per_token = LAYERS * 2 * KV_HEADS * HEAD_DIM * elt
-    print(f"weights streamed per forward: {weight_bytes / 1e6:.0f} MB (as apply_linear stores them); "
-          f"KV per token: {kv_bytes_per_token / 1e3:.1f} KB")
+    print(
+        f"weights streamed per forward: {weight_bytes / 1e6:.0f} MB (as apply_linear stores them); "
+        f"KV per token: {kv_bytes_per_token / 1e3:.1f} KB"
+    )
 
     # A prefill chunk's GEMMs, weights in cache: the best rate here, whichever path reaches it.
     peak = max(gemm_rate(dtype, 2048, 1, lm_head=False, pack=p) for p in (pack_linear_weight, onednn_float32))
     print(f"peak GEMM rate: {peak / 1e9:.0f} GFLOP/s (a 2,048-token chunk's dense layers, weights in cache)")
-    print(f"\n{'forward':26s} {'compute':>8s} {'memory':>8s} {'floor':>8s}   "
-          f"{'GEMMs as run (weights streamed)':>32s} {'same on oneDNN float32':>26s}")
+    print(
+        f"\n{'forward':26s} {'compute':>8s} {'memory':>8s} {'floor':>8s}   "
+        f"{'GEMMs as run (weights streamed)':>32s} {'same on oneDNN float32':>26s}"
+    )
     for m in (1, 8, 32, 64, 2048):
         decode = m <= 64  # decode: m requests, one token each; else a prefill chunk of m tokens
         flops = 2 * m * (LAYERS * sum(n * k for n, k in SHAPES) + (VOCAB * HIDDEN if decode else 0))
@@ -99,8 +104,10 @@ def main() -> None:
             for i, pack in enumerate((pack_linear_weight, onednn_float32)):
                 cold = gemm_rate(dtype, m, LAYERS, lm_head=True, pack=pack)
                 measured[i] = f"{1e3 * flops / cold:7.1f} ms ({cold / 1e9:.0f} GFLOP/s)"
-        print(f"{name:26s} {1e3 * compute_s:6.1f}ms {1e3 * memory_s:6.1f}ms {1e3 * max(compute_s, memory_s):6.1f}ms"
-              f"   {measured[0]:>32s} {measured[1]:>26s}")
+        print(
+            f"{name:26s} {1e3 * compute_s:6.1f}ms {1e3 * memory_s:6.1f}ms {1e3 * max(compute_s, memory_s):6.1f}ms"
+            f"   {measured[0]:>32s} {measured[1]:>26s}"
+        )
     print("\nfloor = max(FLOPs at the peak GEMM rate, weights + KV at DRAM bandwidth). The last two columns")
     print("time the same forward's GEMMs with every layer's weights distinct, streamed from memory as in a")
     print("real decode step, through apply_linear's path and through oneDNN: how well each overlaps the")

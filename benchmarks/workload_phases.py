@@ -2,10 +2,9 @@
 
     python benchmarks/workload_phases.py [--dtype float32|bfloat16]
 
-Runs bench_offline.py's default workload (workload.OFFLINE_WORKLOAD: 64 requests, seed 0) through minisgl's offline Engine and
-times every model forward: the prefill chunks (EXTEND) and the decode steps, grouped by how
-many requests were decoding. How each change of issue 8 moved the prefill and the decode
-phase was measured with this script, at the commits docs/performance.md names.
+Runs bench_offline.py's default workload (workload.OFFLINE_WORKLOAD: 64 requests, seed 0) through
+minisgl's offline Engine and times every model forward: the prefill chunks (EXTEND) and the
+decode steps, grouped by how many requests were decoding.
 """
 
 from __future__ import annotations
@@ -55,14 +54,17 @@ def main() -> None:
 
     runner.forward = timed_forward
     start = time.perf_counter()
-    outs = engine.generate(input_ids=[p for p, _ in workload],
-                           sampling_params=[{"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
-                                            for _, n in workload])
+    outs = engine.generate(
+        input_ids=[p for p, _ in workload],
+        sampling_params=[{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload],
+    )
     total = time.perf_counter() - start
     engine.shutdown()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    print(f"{args.dtype}: {tokens} tokens in {total:.2f} s, {tokens / total:.1f} tok/s; "
-          f"model forwards {sum(e[2] for e in phases.values()):.2f} s")
+    print(
+        f"{args.dtype}: {tokens} tokens in {total:.2f} s, {tokens / total:.1f} tok/s; "
+        f"model forwards {sum(e[2] for e in phases.values()):.2f} s"
+    )
     print(f"  {'phase':22s} {'forwards':>8s} {'tokens':>7s} {'time':>8s} {'per forward':>12s} {'tok/s':>8s}")
     for phase, (n, toks, secs) in sorted(phases.items()):
         print(f"  {phase:22s} {n:8d} {toks:7d} {secs:7.2f}s {1e3 * secs / n:9.1f} ms {toks / secs:8.1f}")

@@ -31,15 +31,26 @@ SRT = "python/sglang/srt/"
 # file -> methods whose calls are listed (the ones the book follows step by step).
 KEY_METHODS = {
     "model_executor/model_runner.py": [
-        "ModelRunner.__init__", "ModelRunner.initialize", "ModelRunner.forward", "ModelRunner._forward_raw",
-        "ModelRunner.forward_decode", "ModelRunner.forward_extend", "ModelRunner.forward_split_prefill",
-        "ModelRunner._preprocess_logits", "ModelRunner.sample", "ModelRunner.load_model",
-        "ModelRunner.init_attention_backend", "ModelRunner.init_device_graphs",
+        "ModelRunner.__init__",
+        "ModelRunner.initialize",
+        "ModelRunner.forward",
+        "ModelRunner._forward_raw",
+        "ModelRunner.forward_decode",
+        "ModelRunner.forward_extend",
+        "ModelRunner.forward_split_prefill",
+        "ModelRunner._preprocess_logits",
+        "ModelRunner.sample",
+        "ModelRunner.load_model",
+        "ModelRunner.init_attention_backend",
+        "ModelRunner.init_device_graphs",
     ],
     "model_executor/model_runner_kv_cache_mixin.py": ["ModelRunnerKVCacheMixin.init_memory_pool"],
     "managers/tp_worker.py": [
-        "TpModelWorker.__init__", "TpModelWorker._init_model_config", "TpModelWorker._init_model_runner",
-        "TpModelWorker._init_multi_layer_eagle_model_runners", "TpModelWorker.forward_batch_generation",
+        "TpModelWorker.__init__",
+        "TpModelWorker._init_model_config",
+        "TpModelWorker._init_model_runner",
+        "TpModelWorker._init_multi_layer_eagle_model_runners",
+        "TpModelWorker.forward_batch_generation",
     ],
     "configs/model_config.py": ["ModelConfig.__init__", "ModelConfig.from_server_args"],
     "layers/moe/topk.py": ["select_experts"],
@@ -96,8 +107,12 @@ def _module_imports(tree: ast.Module) -> list[str]:
             if isinstance(node, ast.If) and _is_type_checking(node):
                 continue
             if isinstance(node, (ast.If, ast.Try)):
-                for part in (node.body, node.orelse, getattr(node, "finalbody", []),
-                             *[h.body for h in getattr(node, "handlers", [])]):
+                for part in (
+                    node.body,
+                    node.orelse,
+                    getattr(node, "finalbody", []),
+                    *[h.body for h in getattr(node, "handlers", [])],
+                ):
                     visit(part)
                 continue
             names = []
@@ -149,8 +164,9 @@ def build(repo: Path, commit: str) -> dict:
     paths = [p for p in _git(repo, "ls-tree", "-r", "--name-only", full, SRT).splitlines() if p.endswith(".py")]
     # One `git cat-file --batch` for every blob: far faster than a `git show` per file.
     request = "".join(f"{full}:{path}\n" for path in paths).encode()
-    raw = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], input=request, check=True,
-                         capture_output=True).stdout
+    raw = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "--batch"], input=request, check=True, capture_output=True
+    ).stdout
     files, pos = {}, 0
     for path in paths:
         header_end = raw.index(b"\n", pos)

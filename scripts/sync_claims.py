@@ -24,11 +24,7 @@ _SPAN = re.compile(r"`([^`]+)`")
 
 def claim_tests(n: int) -> list[str]:
     pattern = re.compile(rf"(?:^test_|_)c{n}_")
-    return sorted(
-        p.relative_to(REPO).as_posix()
-        for p in (REPO / "tests").rglob("test_*.py")
-        if pattern.search(p.name)
-    )
+    return sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("test_*.py") if pattern.search(p.name))
 
 
 def _cells(line: str) -> list[str]:

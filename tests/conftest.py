@@ -6,9 +6,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import minisgl  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel module is imported)
 import pytest  # noqa: E402
 
+import minisgl  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel module is imported)
 from tests._models import smollm2_dir, tiny_model_dir  # noqa: E402
 
 TINY_ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]

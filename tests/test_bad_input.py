@@ -26,7 +26,10 @@ def engine(tiny_llama):
 def test_bad_sampling_params(engine, params, match):
     with pytest.raises(ValueError, match=match):
         engine.generate(input_ids=[1, 2, 3], sampling_params=params)
-    assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    assert (
+        engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"]
+        == 2
+    )
 
 
 def test_empty_prompt(engine):
@@ -40,7 +43,9 @@ def test_prompt_longer_than_context(engine):
     # One bad prompt refuses the whole batch, before anything runs (as the server's 400 does).
     with pytest.raises(ValueError, match="context length"):
         engine.generate(input_ids=[[1] * 300, [1, 2]], sampling_params={"max_new_tokens": 2})
-    assert engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    assert (
+        engine.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    )
 
 
 def test_out_of_vocab_ids(engine):

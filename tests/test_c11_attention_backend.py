@@ -28,7 +28,9 @@ def test_c11_chosen_in_init_attention_backend(tiny_llama):
     with tracing.record() as events:
         engine = Engine(model_path=tiny_llama, max_total_tokens=64)
     runner = engine.scheduler.tp_worker.model_runner
-    assert isinstance(runner.attn_backend, IntelAMXAttnBackend if CPU_DEFAULT == "intel_amx" else TorchNativeAttnBackend)
+    assert isinstance(
+        runner.attn_backend, IntelAMXAttnBackend if CPU_DEFAULT == "intel_amx" else TorchNativeAttnBackend
+    )
     chosen = [e for e in events if e["event"] == "ModelRunner.init_attention_backend" and e["phase"] == "begin"]
     assert chosen == [{"event": "ModelRunner.init_attention_backend", "phase": "begin", "backend": CPU_DEFAULT}]
     backend = runner.attn_backend

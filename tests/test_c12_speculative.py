@@ -51,9 +51,7 @@ def _ids(results: list[dict]) -> list[list[int]]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe"])
 def test_c12_greedy_is_token_for_token_the_target(arch, drafts):
     target = tiny_model_dir(arch)
-    expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
-    )
+    expected = _ids(Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY))
     # A poor draft (mostly rejected), a perfect one (always accepted), one step and several.
     for draft, steps in ((drafts[arch], 3), (target, 3), (drafts[arch], 1)):
         results = _spec(target, draft, steps).generate(input_ids=PROMPTS, sampling_params=GREEDY)
@@ -68,12 +66,8 @@ def test_c12_greedy_is_token_for_token_the_target(arch, drafts):
 def test_c12_a_foreign_draft_only_costs_speed(drafts):
     # Any model with the target's vocabulary may draft; the output is still the target's.
     target = tiny_model_dir("llama")
-    expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
-    )
-    got = _spec(target, tiny_model_dir("qwen3"), 4).generate(
-        input_ids=PROMPTS, sampling_params=GREEDY
-    )
+    expected = _ids(Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY))
+    got = _spec(target, tiny_model_dir("qwen3"), 4).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert _ids(got) == expected
 
 
@@ -113,9 +107,7 @@ def test_c12_retraction_under_speculation(drafts):
     target = tiny_model_dir("llama")
     prompts = [list(range(5 + i, 25 + i)) for i in range(6)]
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
-    expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=prompts, sampling_params=params)
-    )
+    expected = _ids(Engine(model_path=target, **KW).generate(input_ids=prompts, sampling_params=params))
     spec = _spec(target, drafts["llama"], 3, max_total_tokens=160, disable_radix_cache=True)
     assert _ids(spec.generate(input_ids=prompts, sampling_params=params)) == expected
     assert spec.scheduler.num_retracted_reqs > 0
@@ -186,9 +178,7 @@ def test_c12_refuses_what_it_cannot_do_exactly(drafts):
 def test_c12_tensor_parallel_speculation(drafts):
     # Both workers shard over the same TP group; every rank drafts and verifies alike.
     target = tiny_model_dir("qwen3")
-    expected = _ids(
-        Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY)
-    )
+    expected = _ids(Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY))
     with _spec(target, drafts["qwen3"], 3, tp_size=2) as engine:
         got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert engine.flush_cache()

@@ -196,7 +196,9 @@ def test_c3_server_with_tp2_answers_the_openai_client_as_tp1(tiny_llama, tmp_pat
             time.sleep(0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         got = [
-            client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+            client.completions.create(
+                model="tiny", prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+            )
             .choices[0]
             .text
             for p in ("The river", "A serving engine")

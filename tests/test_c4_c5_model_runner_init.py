@@ -14,8 +14,14 @@ C5_ORDER = [
     "ModelRunner.init_device_graphs",
 ]
 C4_PERSONALITY = {
-    "device", "is_draft_worker", "shares_pools", "use_mla_backend", "is_generation",
-    "is_multimodal", "page_size", "attention_backend",
+    "device",
+    "is_draft_worker",
+    "shares_pools",
+    "use_mla_backend",
+    "is_generation",
+    "is_multimodal",
+    "page_size",
+    "attention_backend",
 }
 
 
@@ -69,7 +75,9 @@ def test_c5_a_moved_init_step_fails_the_order_check(tiny_llama, monkeypatch):
         self.init_attention_backend()
         self.init_device_graphs()
 
-    monkeypatch.setattr(mr.ModelRunner, "initialize", tracing.traced(initialize_sampler_late, name="ModelRunner.initialize"))
+    monkeypatch.setattr(
+        mr.ModelRunner, "initialize", tracing.traced(initialize_sampler_late, name="ModelRunner.initialize")
+    )
     with tracing.record() as events:
         Engine(model_path=tiny_llama, max_total_tokens=64)
     (inside,) = children(events, "ModelRunner.initialize")

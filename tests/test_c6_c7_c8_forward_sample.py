@@ -76,7 +76,9 @@ def test_c8_verify_returns_unsampled(tiny_llama):
     engine = Engine(model_path=tiny_llama, max_total_tokens=128)
     scheduler = engine.scheduler
     scheduler.handle_generate_request(
-        TokenizedGenerateReqInput(rid="v", input_text=None, input_ids=[4, 5, 6], sampling_params=SamplingParams(temperature=0))
+        TokenizedGenerateReqInput(
+            rid="v", input_text=None, input_ids=[4, 5, 6], sampling_params=SamplingParams(temperature=0)
+        )
     )
     batch = scheduler.get_next_batch_to_run()
     with tracing.record() as events:

@@ -144,7 +144,11 @@ def test_c9_paths_converge_in_the_shell():
 def test_off_means_no_capture_and_no_copy():
     fresh, _ = fresh_and_golden("model_runner_forward_sample")
     names = {e["event"] for e in fresh}
-    assert not names & {"LogitsProcessor.capture_hidden_states", "RoutedExpertsCapturer.on_forward_end", "RoutedExpertsCapturer.capture"}
+    assert not names & {
+        "LogitsProcessor.capture_hidden_states",
+        "RoutedExpertsCapturer.on_forward_end",
+        "RoutedExpertsCapturer.capture",
+    }
 
 
 @pytest.mark.parametrize("mode", ["per_pass", "per_token"])

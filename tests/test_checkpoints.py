@@ -115,9 +115,7 @@ def test_tiny_tokenizer_round_trips_and_chats(arch):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     prompt = fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert prompt == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nHi!<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     )
     assert auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == prompt
 
@@ -172,9 +170,7 @@ def test_smollm2_converts_and_answers():
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    inputs = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer

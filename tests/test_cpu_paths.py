@@ -61,7 +61,9 @@ def test_kv_pool_zeroes_only_the_padding_page():
     # Freed memory full of NaN, which the pool's uninitialized buffers are then likely to reuse.
     junk = [torch.full((68, 2, 8), float("nan")) for _ in range(8)]
     del junk
-    pool = MHATokenToKVPool(size=64, page_size=4, dtype=torch.float32, head_num=2, head_dim=8, layer_num=2, device="cpu")
+    pool = MHATokenToKVPool(
+        size=64, page_size=4, dtype=torch.float32, head_num=2, head_dim=8, layer_num=2, device="cpu"
+    )
     for buf in (*pool.k_buffer, *pool.v_buffer):
         assert buf.shape == (68, 2, 8)
         assert torch.count_nonzero(buf[:4]) == 0  # masked reads of padding land here

@@ -52,7 +52,8 @@ def test_svgs_are_fresh(fresh):
         stale = [n for n in made if (out / n).read_bytes() != (make_figures.FIGURES / n).read_bytes()]
     else:  # another matplotlib writes other bytes; the size and every label must still agree
         stale = [
-            n for n in made
+            n
+            for n in made
             if _svg_signature((out / n).read_bytes()) != _svg_signature((make_figures.FIGURES / n).read_bytes())
         ]
     assert not stale, f"{stale} differ from a fresh drawing: {REFRESH}"

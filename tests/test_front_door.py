@@ -88,7 +88,9 @@ def test_n_gives_n_results_that_differ_and_repeat_under_a_seed(engine):
     results = engine.generate("The river", {**SEEDED, "n": 3})
     assert len(results) == 3 and [r["index"] for r in results] == [0, 1, 2]
     assert len({tuple(r["output_ids"]) for r in results}) > 1
-    assert [r["output_ids"] for r in engine.generate("The river", {**SEEDED, "n": 3})] == [r["output_ids"] for r in results]
+    assert [r["output_ids"] for r in engine.generate("The river", {**SEEDED, "n": 3})] == [
+        r["output_ids"] for r in results
+    ]
 
 
 def test_stream_chunks_add_up_to_the_whole(engine):

@@ -42,7 +42,9 @@ def test_a_second_checkout_reuses_the_cached_build(tmp_path):
         "import minisgl, torch; from minisgl.kernels import cpu; import time; t = time.time(); "
         "assert cpu.is_available(); print(minisgl.__file__, time.time() - t)"
     )
-    libraries = list(Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache/minisgl/kernels")).glob("cpu-*/*.so"))
+    libraries = list(
+        Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache/minisgl/kernels")).glob("cpu-*/*.so")
+    )
     before = {p: p.stat().st_mtime_ns for p in libraries}
     where, _ = _run(code, tmp_path, env).split()
     assert where.startswith(str(clone))  # the copy's sources were the ones read

@@ -50,10 +50,16 @@ def test_abort_frees_slots_at_once(tiny_llama):
     sched = engine.scheduler
     for rid, ids in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8])):
         sched.handle_generate_request(
-            TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=SamplingParams(max_new_tokens=50, ignore_eos=True))
+            TokenizedGenerateReqInput(
+                rid=rid,
+                input_text=None,
+                input_ids=ids,
+                sampling_params=SamplingParams(max_new_tokens=50, ignore_eos=True),
+            )
         )
     for _ in range(4):
         sched.step()
+
     def used():  # slots held by running requests (a finished request's KV may stay cached, unlocked)
         return 256 - sched.token_to_kv_pool_allocator.available_size() - sched.tree_cache.evictable_size()
 

@@ -131,9 +131,7 @@ def test_100_long_requests_on_smollm2s_default_pool(smollm2):
         rng = random.Random(i)
         prompts.append(engine.tokenizer.encode(" ".join(rng.choice(WORDS) for _ in range(300))))
     params = {**GREEDY, "max_new_tokens": 300}
-    reqs = [
-        TokenizedGenerateReqInput(f"r{i}", None, p, SamplingParams(**params)) for i, p in enumerate(prompts)
-    ]
+    reqs = [TokenizedGenerateReqInput(f"r{i}", None, p, SamplingParams(**params)) for i, p in enumerate(prompts)]
     done = run_checked(sched, reqs)
     assert all(d["meta_info"]["finish_reason"]["type"] == "length" for d in done.values())
     print(f"pool {sched.worker_info.max_total_num_tokens} tokens, {sched.num_retracted_reqs} retractions")

@@ -67,7 +67,6 @@ def _check_parity(path: str, prompts: list[str], max_new_tokens: int, **engine_k
     outs = engine.generate(
         input_ids=prompt_ids,
         sampling_params={"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-        
     )
     # All prompts were admitted in one extend batch: its rows are the prompts' last positions.
     assert len(captured[0]) == len(prompts)

@@ -44,7 +44,6 @@ def test_seed_is_reproducible_and_batch_invariant(engine):
     batched = engine.generate(
         input_ids=[[1, 2, 3], PROMPT, [4] * 9],
         sampling_params=[{**params, "seed": 1}, params, {**params, "seed": 2}],
-        
     )[1]["output_ids"]
     assert alone == again == batched
     other = _gen(engine, **{**params, "seed": 99})["output_ids"]
@@ -89,7 +88,12 @@ def test_top_k_limits_support(engine):
 
 @pytest.mark.parametrize(
     "penalties",
-    [{"frequency_penalty": 1.5}, {"presence_penalty": 1.5}, {"repetition_penalty": 1.8}, {"frequency_penalty": 0.5, "presence_penalty": 0.5}],
+    [
+        {"frequency_penalty": 1.5},
+        {"presence_penalty": 1.5},
+        {"repetition_penalty": 1.8},
+        {"frequency_penalty": 0.5, "presence_penalty": 0.5},
+    ],
 )
 def test_penalties_match_a_reference(engine, penalties):
     """Greedy decoding under penalties equals the same rule applied to HF's logits by hand."""

@@ -243,9 +243,13 @@ def test_sampling_knobs_are_accepted(client):
     forced = client.completions.create(
         model=MODEL, prompt="The carpenter", max_tokens=4, logit_bias={"300": 100.0}, **GREEDY
     )
-    tokens = client.completions.create(
-        model=MODEL, prompt="The carpenter", max_tokens=4, logit_bias={"300": 100.0}, logprobs=0, **GREEDY
-    ).choices[0].logprobs.tokens
+    tokens = (
+        client.completions.create(
+            model=MODEL, prompt="The carpenter", max_tokens=4, logit_bias={"300": 100.0}, logprobs=0, **GREEDY
+        )
+        .choices[0]
+        .logprobs.tokens
+    )
     assert len(tokens) == 4 and len(set(tokens)) == 1 and forced.choices[0].text == tokens[0] * 4
 
 

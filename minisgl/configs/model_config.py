@@ -83,9 +83,7 @@ class ModelConfig:
     def _derive_context_length(self, context_length: Optional[int]) -> None:
         derived = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         if context_length is not None and context_length > derived:
-            raise ValueError(
-                f"context_length={context_length} exceeds the model's max_position_embeddings={derived}"
-            )
+            raise ValueError(f"context_length={context_length} exceeds the model's max_position_embeddings={derived}")
         self.context_len: int = context_length or derived
 
     def _derive_model_shapes(self) -> None:

@@ -1,17 +1,16 @@
 """The HTTP server: FastAPI routes over one TokenizerManager, served by uvicorn.
 
-Mirrors python/sglang/srt/entrypoints/http_server.py: the native routes
-(/generate, /health, /health_generate, /get_server_info, /get_model_info,
-/tokenize, /detokenize, /flush_cache, the expert-distribution routes), the OpenAI
-routes (/v1/completions, /v1/chat/completions, /v1/models[/{id}]),
-the exception handlers that turn FastAPI's 422 into a 400, the API-key
+Mirrors python/sglang/srt/entrypoints/http_server.py: the native routes (/generate,
+/health, /health_generate, /get_server_info, /get_model_info, /tokenize, /detokenize,
+/flush_cache, /abort_request, the expert-distribution routes), the OpenAI routes
+(/v1/completions, /v1/chat/completions, /v1/models[/{id}]), /metrics with
+--enable-metrics, the handlers that turn FastAPI's 422 into a 400, the API-key
 middleware (SGLang's utils/auth.py) and launch_server, which adds the defences of
-http_middleware.py (body and header limits, Host check, graceful SIGTERM). Control
-routes are POST-only, so a cross-site GET (an <img> tag) cannot flush the cache.
-SGLang keeps the app and its state in module globals; minisgl builds them in
-``create_app``, so a test can run a server in-process. Errors use OpenAI's nested body
-``{"error": {"message", "type", "code"}}`` everywhere. Omitted: weight
-updates, LoRA, sessions, profiling, metrics, embeddings, the Ollama/SageMaker/Vertex routes, warm-up requests.
+http_middleware.py. Control routes are POST-only, so a cross-site GET cannot flush the
+cache. SGLang keeps the app in module globals; minisgl builds it in ``create_app``, so a
+test can run a server in-process. Errors use OpenAI's body ``{"error": {...}}``
+everywhere. Omitted: weight updates, LoRA, sessions, profiling, embeddings, the
+Ollama/SageMaker/Vertex routes, warm-up requests.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from minisgl.entrypoints.openai.protocol import (
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from minisgl.entrypoints.sglang_fields import fill_logprob_texts, without_sglang_defaults
+from minisgl.entrypoints.sglang_fields import without_sglang_defaults
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -98,6 +97,8 @@ async def generate_request(request: Request) -> Response:
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
     body, want_logprob_texts = without_sglang_defaults(body)
+    if want_logprob_texts:
+        body["return_text_in_logprobs"] = True  # GenerateRun fills the texts, streamed or not
     try:
         obj = GenerateReqInput.from_dict(body)
     except (TypeError, ValueError) as e:
@@ -108,8 +109,6 @@ async def generate_request(request: Request) -> Response:
     except ValueError as e:
         return create_error_response(str(e))
     if not obj.stream:
-        if want_logprob_texts:
-            fill_logprob_texts(first, _tokenizer_manager(request).tokenizer)
         return JSONResponse(_jsonable(first))
 
     async def sse() -> AsyncIterator[str]:

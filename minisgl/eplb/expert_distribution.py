@@ -51,7 +51,9 @@ class ExpertDistributionRecorder:
         pass
 
     def start_record(self) -> None:
-        raise RuntimeError("the expert distribution recorder is off: start the engine with expert_distribution_recorder_mode")
+        raise RuntimeError(
+            "the expert distribution recorder is off: start the engine with expert_distribution_recorder_mode"
+        )
 
     stop_record = start_record
 
@@ -136,7 +138,10 @@ def expert_load(dump: dict) -> torch.Tensor:
     if dump["mode"] == "stat":
         return dump["stat"]
     if dump["mode"] == "per_pass":
-        return sum((p["counts"] for p in dump["per_pass"]), torch.zeros(dump["num_layers"], dump["num_experts"], dtype=torch.int64))
+        return sum(
+            (p["counts"] for p in dump["per_pass"]),
+            torch.zeros(dump["num_layers"], dump["num_experts"], dtype=torch.int64),
+        )
     load = torch.zeros(dump["num_layers"], dump["num_experts"], dtype=torch.int64)
     for p in dump["per_token"]:
         for layer, ids in enumerate(p["topk_ids"]):

@@ -33,9 +33,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings_per_partition = padded // self.tp_size
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
-        self.weight = nn.Parameter(
-            torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False
-        )
+        self.weight = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:

@@ -91,4 +91,3 @@ def _stop_prefix_len(text: str, stop_strs: list[str]) -> int:
                 longest = k
                 break
     return longest
-

@@ -126,13 +126,17 @@ class GenerateRun:
     def _process_output(self, req: TokenizedGenerateReqInput, status: DecodeStatus, out: ReqOutput) -> tuple[str, dict]:
         finish_reason = out.meta_info["finish_reason"] if out.finished else None
         text = status.update(out.new_output_ids, finish_reason)
-        meta = dict(out.meta_info) if out.finished else {
-            "id": req.rid,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(status.decode_ids),
-            "finish_reason": None,
-            **(out.meta_info or {}),  # a streamed request's per-step logprobs
-        }
+        meta = (
+            dict(out.meta_info)
+            if out.finished
+            else {
+                "id": req.rid,
+                "prompt_tokens": len(req.input_ids),
+                "completion_tokens": len(status.decode_ids),
+                "finish_reason": None,
+                **(out.meta_info or {}),  # a streamed request's per-step logprobs
+            }
+        )
         if status.matched_stop is not None and (meta["finish_reason"] or {}).get("matched") != status.matched_stop:
             # The scheduler checks stop strings on a window of trailing tokens, which a
             # multi-byte stop string can outrun; the text has one, so the request ends here.

@@ -145,4 +145,3 @@ class RequestValidator:
                 f"tokens from the input messages and {sampling.max_new_tokens} tokens for the completion."
             )
         return sampling
-

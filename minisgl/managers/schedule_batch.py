@@ -273,7 +273,9 @@ class ScheduleBatch:
         self.out_cache_loc_written = False
         start = 0
         for req, pre, seq in zip(self.reqs, prefix_lens, seq_lens):
-            self.req_to_token_pool.write((req.req_pool_idx, slice(pre, seq)), self.out_cache_loc[start : start + seq - pre])
+            self.req_to_token_pool.write(
+                (req.req_pool_idx, slice(pre, seq)), self.out_cache_loc[start : start + seq - pre]
+            )
             req.kv_len = seq
             start += seq - pre
         self.out_cache_loc_written = True
@@ -388,7 +390,6 @@ class ScheduleBatch:
             # Prompt logprobs are computed once: not for requests that did not ask, and not
             # again when a retracted request re-prefills its prompt.
             batch.extend_logprob_start_lens = [
-                r.logprob_start_len if r.return_logprob and r.total_retractions == 0 else len(r.fill_ids)
-                for r in reqs
+                r.logprob_start_len if r.return_logprob and r.total_retractions == 0 else len(r.fill_ids) for r in reqs
             ]
         return batch

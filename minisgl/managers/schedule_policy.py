@@ -118,7 +118,11 @@ class PrefillAdder:
         # if its decode later outgrows the pool, update_running_batch ends it with a reason.
         if self.running_reqs or self.can_run_list:
             need += self.decode_reservation(req)
-        if self.can_run_list and not req.is_chunked and self.prefill_tokens + req.extend_input_len > self.max_prefill_tokens:
+        if (
+            self.can_run_list
+            and not req.is_chunked
+            and self.prefill_tokens + req.extend_input_len > self.max_prefill_tokens
+        ):
             req.is_chunked = False
             return AddReqResult.STOP
         if req.req_pool_idx is None:

@@ -71,8 +71,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.model_config = self.tp_worker.model_config
             self.req_to_token_pool, self.token_to_kv_pool_allocator = self.tp_worker.get_memory_pool()
             self.maybe_init_draft_worker()
-            self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(
-                server_args.tokenizer_path or self.model_config.model_path
+            self.tokenizer = (
+                None
+                if server_args.skip_tokenizer_init
+                else get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
             )
         self.tree_cache = RadixCache(
             self.req_to_token_pool,
@@ -369,4 +371,3 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 return None  # routing is replicated, so every rank counted the same; one writes
             return self.expert_distribution_handle(req.action, req.output_path)
         raise TypeError(f"unknown request {type(req).__name__}")
-

@@ -67,5 +67,3 @@ def _send_error(conn: Connection, error: BaseException) -> None:
     except Exception:  # unpicklable, or the Engine is gone
         with contextlib.suppress(Exception):
             conn.send(("error", RuntimeError(repr(error)), detail))
-
-

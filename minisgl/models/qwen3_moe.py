@@ -23,7 +23,9 @@ from minisgl.models.qwen3 import Qwen3DecoderLayer
 class Qwen3MoeSparseMoeBlock(nn.Module):
     """Router + experts. Mixtral's MoE block is the same computation (see mixtral.py)."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool, layer_id: int) -> None:
+    def __init__(
+        self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool, layer_id: int
+    ) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(

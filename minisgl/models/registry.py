@@ -34,6 +34,4 @@ class ModelRegistry:
         for arch in architectures:
             if arch in cls.models:
                 return cls.models[arch]
-        raise ValueError(
-            f"unsupported architecture {architectures}; minisgl supports {sorted(cls.models)}"
-        )
+        raise ValueError(f"unsupported architecture {architectures}; minisgl supports {sorted(cls.models)}")

@@ -122,16 +122,22 @@ def extend_attention(llama: str) -> dict:
     def record(forward_batch):
         if forward_batch.forward_mode.name == "EXTEND":
             table = forward_batch.req_to_token_pool.req_to_token
-            seen.append([
-                {"prefix": p, "new": n, "slots": table[row, : p + n].tolist()}
-                for row, p, n in zip(forward_batch.req_pool_indices_cpu, forward_batch.extend_prefix_lens_cpu,
-                                     forward_batch.extend_seq_lens_cpu)
-            ])
+            seen.append(
+                [
+                    {"prefix": p, "new": n, "slots": table[row, : p + n].tolist()}
+                    for row, p, n in zip(
+                        forward_batch.req_pool_indices_cpu,
+                        forward_batch.extend_prefix_lens_cpu,
+                        forward_batch.extend_seq_lens_cpu,
+                    )
+                ]
+            )
         return original(forward_batch)
 
     runner.attn_backend.init_forward_metadata = record
-    engine.generate(input_ids=[[10, 11, 12, 13, 30, 31], [50, 51, 52]],
-                    sampling_params={"temperature": 0, "max_new_tokens": 1})
+    engine.generate(
+        input_ids=[[10, 11, 12, 13, 30, 31], [50, 51, 52]], sampling_params={"temperature": 0, "max_new_tokens": 1}
+    )
     return {"requests": seen[0]}
 
 
@@ -163,6 +169,15 @@ def request_life(llama: str) -> list[dict]:
                         new_ids += [i for out in sched.step() for i in out.new_output_ids]
                 with tracing.span("TokenizerManager.detokenize", tokens=len(new_ids)):
                     tokenizer.decode(new_ids)
-    keep = ("http_server.", "TokenizerManager.", "Scheduler.", "TpModelWorker.", "ForwardBatch.init_new",
-            "ModelRunner.forward", "ModelRunner.sample", "model.forward", "Sampler.forward")
+    keep = (
+        "http_server.",
+        "TokenizerManager.",
+        "Scheduler.",
+        "TpModelWorker.",
+        "ForwardBatch.init_new",
+        "ModelRunner.forward",
+        "ModelRunner.sample",
+        "model.forward",
+        "Sampler.forward",
+    )
     return [e for e in events if e["event"].startswith(keep) and e["event"] != "ModelRunner.forward.dispatch"]

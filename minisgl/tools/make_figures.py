@@ -25,8 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "assets" / "figures"
 SERVING = REPO / "docs" / "chapters" / "serving.md"
 BEGIN, END = "<!-- figure:request_life (python -m minisgl.tools.make_figures) -->", "<!-- /figure:request_life -->"
-STATE_COLORS = {"": "#ffffff", "waiting": "#d9d9d9", "prefill": "#2ca02c", "decode": "#1f77b4",
-                "retracted": "#d62728", "done": "#f2f2f2"}
+STATE_COLORS = {
+    "": "#ffffff",
+    "waiting": "#d9d9d9",
+    "prefill": "#2ca02c",
+    "decode": "#1f77b4",
+    "retracted": "#d62728",
+    "done": "#f2f2f2",
+}
 
 
 def _plt():
@@ -35,8 +41,9 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "minisgl", "font.family": "DejaVu Sans",
-                         "font.size": 9})
+    plt.rcParams.update(
+        {"svg.fonttype": "none", "svg.hashsalt": "minisgl", "font.family": "DejaVu Sans", "font.size": 9}
+    )
     return plt
 
 
@@ -110,8 +117,16 @@ def draw_radix_tree(data: dict, out: Path) -> None:
         for cx in child_xs:
             ax.plot([x, cx], [-depth, -depth - 1], color="#888", lw=1, zorder=1)
         label = "root" if not node["key"] else f"tokens {node['key']}\nslots {node['slots']}"
-        ax.text(x, -depth, label, ha="center", va="center", fontsize=8, zorder=2,
-                bbox=dict(boxstyle="round", fc="#e8eaf6" if node["key"] else "#c5cae9", ec="#3f51b5"))
+        ax.text(
+            x,
+            -depth,
+            label,
+            ha="center",
+            va="center",
+            fontsize=8,
+            zorder=2,
+            bbox=dict(boxstyle="round", fc="#e8eaf6" if node["key"] else "#c5cae9", ec="#3f51b5"),
+        )
     cached = ", ".join(f"{rid}: {n}" for rid, n in data["cached_tokens"].items())
     prompts = "; ".join(f"{rid} = {ids}" for rid, ids in data["prompts"].items())
     ax.set_title(f"radix cache after prompts {prompts}, run in turn\ncached prompt tokens per request: {cached}")
@@ -135,8 +150,14 @@ def draw_continuous_batching(data: dict, out: Path) -> None:
     ax.set_xlabel(f"scheduler step (KV pool: {data['pool']} slots)")
     shown = ("waiting", "prefill", "decode", "retracted")
     handles = [plt.Rectangle((0, 0), 1, 1, color=STATE_COLORS[s]) for s in shown]
-    ax.legend(handles, ["waiting", "prefill (EXTEND)", "decode", "retracted"], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25), ncol=4, frameon=False)
+    ax.legend(
+        handles,
+        ["waiting", "prefill (EXTEND)", "decode", "retracted"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25),
+        ncol=4,
+        frameon=False,
+    )
     ax.set_title("continuous batching: each request's part in each step (r3 arrives at step 6)")
     fig.tight_layout()
     _save(fig, out, "continuous_batching")
@@ -181,8 +202,9 @@ def draw_extend_attention(data: dict, out: Path) -> None:
 
 def _participant(event: str) -> str | None:
     head = event.split(".")[0]
-    return {"http_server": "HTTP server", "ForwardBatch": "TpModelWorker"}.get(head, head if head in
-                                                                             figure_data.PARTICIPANTS else None)
+    return {"http_server": "HTTP server", "ForwardBatch": "TpModelWorker"}.get(
+        head, head if head in figure_data.PARTICIPANTS else None
+    )
 
 
 RETURNS = {
@@ -230,7 +252,7 @@ def with_request_life(chapter: str, diagram: str) -> str:
     if BEGIN not in chapter or END not in chapter:
         raise SystemExit(f"{SERVING} lost the request-life markers")
     head, rest = chapter.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{diagram}\n{rest[rest.index(END):]}"
+    return f"{head}{BEGIN}\n{diagram}\n{rest[rest.index(END) :]}"
 
 
 def build(out: Path, data: dict) -> None:
@@ -240,9 +262,12 @@ def build(out: Path, data: dict) -> None:
         "Engine(...): Scheduler → TpModelWorker → ModelRunner.initialize\n(traces/model_runner_initialize.jsonl)"
     )
     draw_trace(tracing.load_jsonl(traces / "model_runner_initialize.jsonl"), init_title, out, "init_timeline")
-    draw_trace(tracing.load_jsonl(traces / "model_runner_forward_sample.jsonl"),
-               "two scheduler steps, EXTEND then DECODE (traces/model_runner_forward_sample.jsonl)",
-               out, "forward_sample")
+    draw_trace(
+        tracing.load_jsonl(traces / "model_runner_forward_sample.jsonl"),
+        "two scheduler steps, EXTEND then DECODE (traces/model_runner_forward_sample.jsonl)",
+        out,
+        "forward_sample",
+    )
     draw_kv_slots(data["kv_slots"], out)
     draw_radix_tree(data["radix_tree"], out)
     draw_continuous_batching(data["continuous_batching"], out)

@@ -137,9 +137,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _config(
-    arch: str, vocab_size: int, eos_token_id: int
-) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
+def _config(arch: str, vocab_size: int, eos_token_id: int) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,

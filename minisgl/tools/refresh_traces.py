@@ -89,7 +89,12 @@ def attention_backend_triton(workdir: str) -> list[dict]:
             input_ids=PROMPTS,
             sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True},
         )
-    keep = ("ModelRunner.init_attention_backend", "ModelRunner.forward", "attn_backend.init_forward_metadata", "RadixAttention.forward")
+    keep = (
+        "ModelRunner.init_attention_backend",
+        "ModelRunner.forward",
+        "attn_backend.init_forward_metadata",
+        "RadixAttention.forward",
+    )
     return [e for e in events if e["event"].startswith(keep)]
 
 
@@ -110,7 +115,13 @@ def side_outputs(workdir: str) -> list[dict]:
             return_routed_experts=True,
             return_logprob=True,
         )
-    keep = ("ModelRunner.forward", "ModelRunner.sample", "ExpertDistributionRecorder", "RoutedExpertsCapturer", "LogitsProcessor")
+    keep = (
+        "ModelRunner.forward",
+        "ModelRunner.sample",
+        "ExpertDistributionRecorder",
+        "RoutedExpertsCapturer",
+        "LogitsProcessor",
+    )
     return [e for e in events if e["event"].startswith(keep)]
 
 

@@ -79,11 +79,24 @@ def reference_attention(c, scale):
 @pytest.mark.parametrize("head_dim", [64, 128, 32])
 def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim):
     seq_lens = [1, 7, 64, 200, 33]
-    c = make_paged_case([n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, seed=0)
+    c = make_paged_case(
+        [n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, seed=0
+    )
     key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype, head_dim)
     o = torch.empty(len(seq_lens), num_heads, head_dim, dtype=dtype)
-    ops.decode_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
-                             c["req_pool_indices"], c["seq_lens"], 0.125)
+    ops.decode_attention_cpu(
+        c["q"],
+        o,
+        c["k_buffer"],
+        c["v_buffer"],
+        key,
+        value,
+        loc,
+        c["req_to_token"],
+        c["req_pool_indices"],
+        c["seq_lens"],
+        0.125,
+    )
     assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -96,8 +109,21 @@ def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens, num_head
     c = make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed=1)
     key, value, loc = new_kv(c, extend_lens, num_kv_heads, dtype, head_dim)
     o = torch.empty(sum(extend_lens), num_heads, head_dim, dtype=dtype)
-    ops.extend_attention_cpu(c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
-                             c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125)
+    ops.extend_attention_cpu(
+        c["q"],
+        o,
+        c["k_buffer"],
+        c["v_buffer"],
+        key,
+        value,
+        loc,
+        c["req_to_token"],
+        c["req_pool_indices"],
+        c["seq_lens"],
+        c["extend_seq_lens"],
+        c["extend_start_loc"],
+        0.125,
+    )
     assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -107,9 +133,21 @@ def test_attention_rejects_a_pool_of_another_dtype():
     key, value, loc = new_kv(c, [1], 4, torch.float32)
     o = torch.empty(1, 4, 64)
     with pytest.raises(RuntimeError, match="model dtype"):
-        ops.extend_attention_cpu(c["q"], o, c["k_buffer"].bfloat16(), c["v_buffer"], key, value, loc,
-                                 c["req_to_token"], c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"],
-                                 c["extend_start_loc"], 0.125)
+        ops.extend_attention_cpu(
+            c["q"],
+            o,
+            c["k_buffer"].bfloat16(),
+            c["v_buffer"],
+            key,
+            value,
+            loc,
+            c["req_to_token"],
+            c["req_pool_indices"],
+            c["seq_lens"],
+            c["extend_seq_lens"],
+            c["extend_start_loc"],
+            0.125,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -117,7 +155,9 @@ def test_rmsnorm_matches_forward_native(dtype):
     norm = RMSNorm(576, eps=1e-5).to(dtype)
     norm.weight.data = torch.randn(576).to(dtype)
     x, res = torch.randn(37, 576).to(dtype), torch.randn(37, 576).to(dtype)
-    torch.testing.assert_close(ops.rmsnorm_cpu(x, norm.weight, 1e-5), norm.forward_native(x), atol=TOLERANCE[dtype], rtol=0)
+    torch.testing.assert_close(
+        ops.rmsnorm_cpu(x, norm.weight, 1e-5), norm.forward_native(x), atol=TOLERANCE[dtype], rtol=0
+    )
     out, new_res = ops.fused_add_rmsnorm_cpu(x, res, norm.weight, 1e-5)
     ref_out, ref_res = norm.forward_native(x, res)
     torch.testing.assert_close(new_res, ref_res, atol=0, rtol=0)  # one rounded add: exact
@@ -127,7 +167,9 @@ def test_rmsnorm_matches_forward_native(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_matches_torch(dtype):
     x = torch.randn(23, 2 * 1536).to(dtype) * 4
-    torch.testing.assert_close(ops.silu_and_mul_cpu(x), SiluAndMul().forward_native(x), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(
+        ops.silu_and_mul_cpu(x), SiluAndMul().forward_native(x), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -147,8 +189,15 @@ def block_n() -> int:
     return ops.weight_packed_block_n()  # 32 with AVX-512, 16 with AVX2
 
 
-@pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                                (torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype,weight_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.bfloat16, torch.float32),
+    ],
+)
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 11, 12, 13, 64, 128, 129, 300])  # tile edges (6, 12) and row chunks (128)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_weight_packed_linear_matches_float64(dtype, weight_dtype, rows, with_bias):
@@ -166,8 +215,9 @@ def test_weight_packed_linear_matches_float64(dtype, weight_dtype, rows, with_bi
     if dtype != torch.float32:
         # 16-bit weights are widened exactly in registers and the result is rounded as it is stored:
         # bit-identical to multiplying float32 copies in float32 and rounding that.
-        y32 = ops.weight_packed_linear(x.float(), ops.convert_weight_packed(weight.float()),
-                                       None if bias is None else bias.float())
+        y32 = ops.weight_packed_linear(
+            x.float(), ops.convert_weight_packed(weight.float()), None if bias is None else bias.float()
+        )
         assert torch.equal(y, y32.to(dtype))
 
 
@@ -182,7 +232,9 @@ def test_weight_packed_linear_rejects_bad_shapes_and_dtypes():
     with pytest.raises(RuntimeError, match="bias is BFloat16"):
         ops.weight_packed_linear(torch.randn(3, 64), packed, torch.randn(64).bfloat16())
     with pytest.raises(RuntimeError, match="BFloat16 weight multiplies"):
-        ops.weight_packed_linear(torch.randn(3, 64).half(), ops.convert_weight_packed(torch.randn(64, 64).bfloat16()), None)
+        ops.weight_packed_linear(
+            torch.randn(3, 64).half(), ops.convert_weight_packed(torch.randn(64, 64).bfloat16()), None
+        )
 
 
 @pytest.mark.parametrize("arch,page_size", [("llama", 1), ("qwen3", 4), ("qwen3_moe", 1)])

@@ -53,8 +53,18 @@ def run_decode(case, logit_cap=0.0):
     attn_logits = torch.empty(bs, num_heads, max_kv_splits, v_head_dim, dtype=torch.float32, device=q.device)
     attn_lse = torch.empty(bs, num_heads, max_kv_splits, dtype=torch.float32, device=q.device)
     decode_attention_fwd(
-        q, case["k_buffer"], v_buffer, o, case["kv_indptr"], case["kv_indices"], attn_logits, attn_lse,
-        case["num_kv_splits"], max_kv_splits, case["sm_scale"], logit_cap,
+        q,
+        case["k_buffer"],
+        v_buffer,
+        o,
+        case["kv_indptr"],
+        case["kv_indices"],
+        attn_logits,
+        attn_lse,
+        case["num_kv_splits"],
+        max_kv_splits,
+        case["sm_scale"],
+        logit_cap,
     )
     return o
 

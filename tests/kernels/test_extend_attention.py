@@ -36,8 +36,18 @@ def run_extend(case, logit_cap=0.0):
     q = case["q_extend"]
     o = torch.empty(*q.shape[:2], case["v_extend"].shape[-1], dtype=q.dtype, device=q.device)
     extend_attention_fwd(
-        q, case["k_extend"], case["v_extend"], o, case["k_buffer"], case["v_buffer"], case["qo_indptr"],
-        case["kv_indptr"], case["kv_indices"], case["max_len_extend"], case["sm_scale"], logit_cap,
+        q,
+        case["k_extend"],
+        case["v_extend"],
+        o,
+        case["k_buffer"],
+        case["v_buffer"],
+        case["qo_indptr"],
+        case["kv_indptr"],
+        case["kv_indices"],
+        case["max_len_extend"],
+        case["sm_scale"],
+        logit_cap,
     )
     return o
 

@@ -155,9 +155,7 @@ def run_logprob_check(self: unittest.TestCase, arg: tuple):
                             # There's a tie. Allow the second item in this case.
                             if (
                                 res["meta_info"]["output_top_logprobs"][i][rank][0]
-                                == res["meta_info"]["output_top_logprobs"][i][rank + 1][
-                                    0
-                                ]
+                                == res["meta_info"]["output_top_logprobs"][i][rank + 1][0]
                             ):
                                 rank += 1
                             else:

@@ -41,8 +41,15 @@ _SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp"
 _HEADERS = ["common.h", "attention.h"]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {
-    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
-               "-mavx512dq", "-mfma"],
+    "AVX512": [
+        "-DCPU_CAPABILITY=AVX512",
+        "-DCPU_CAPABILITY_AVX512",
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mfma",
+    ],
     "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
 

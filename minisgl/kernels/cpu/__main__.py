@@ -10,6 +10,8 @@ from minisgl.kernels.cpu import is_available
 logging.basicConfig(level=logging.WARNING)
 start = time.perf_counter()
 ok = is_available()
-print(f"minisgl CPU kernels: {'ready' if ok else 'NOT available'} ({time.perf_counter() - start:.1f}s, "
-      f"ISA {torch.backends.cpu.get_cpu_capability()})")
+print(
+    f"minisgl CPU kernels: {'ready' if ok else 'NOT available'} ({time.perf_counter() - start:.1f}s, "
+    f"ISA {torch.backends.cpu.get_cpu_capability()})"
+)
 raise SystemExit(0 if ok else 1)

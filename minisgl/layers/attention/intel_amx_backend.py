@@ -58,8 +58,19 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.extend_attention_cpu(
-            q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,
-            forward_batch.seq_lens, forward_batch.extend_seq_lens, forward_batch.extend_start_loc, layer.scaling,
+            q,
+            o,
+            k_buf,
+            v_buf,
+            k,
+            v,
+            forward_batch.out_cache_loc,
+            self.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            forward_batch.extend_seq_lens,
+            forward_batch.extend_start_loc,
+            layer.scaling,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
@@ -68,8 +79,17 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.decode_attention_cpu(
-            q, o, k_buf, v_buf, k, v, forward_batch.out_cache_loc, self.req_to_token, forward_batch.req_pool_indices,
-            forward_batch.seq_lens, layer.scaling,
+            q,
+            o,
+            k_buf,
+            v_buf,
+            k,
+            v,
+            forward_batch.out_cache_loc,
+            self.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            layer.scaling,
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

@@ -218,15 +218,31 @@ def fused_moe(
 
     intermediate_cache1 = hidden_states.new_empty(num_tokens * top_k, two_i)  # [T*k, 2I]
     invoke_fused_moe_kernel(
-        hidden_states, w1, intermediate_cache1, topk_weights, sorted_token_ids, expert_ids,
-        num_tokens_post_padded, mul_routed_weight=False, top_k=top_k, config=_CONFIG,
+        hidden_states,
+        w1,
+        intermediate_cache1,
+        topk_weights,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_padded,
+        mul_routed_weight=False,
+        top_k=top_k,
+        config=_CONFIG,
     )
     gate, up = intermediate_cache1.float().chunk(2, dim=-1)
     intermediate_cache2 = (F.silu(gate) * up).to(hidden_states.dtype)  # [T*k, I]
 
     intermediate_cache3 = hidden_states.new_empty(num_tokens * top_k, hidden_size)  # [T*k, H]
     invoke_fused_moe_kernel(
-        intermediate_cache2, w2, intermediate_cache3, topk_weights, sorted_token_ids, expert_ids,
-        num_tokens_post_padded, mul_routed_weight=True, top_k=1, config=_CONFIG,
+        intermediate_cache2,
+        w2,
+        intermediate_cache3,
+        topk_weights,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_padded,
+        mul_routed_weight=True,
+        top_k=1,
+        config=_CONFIG,
     )
     return intermediate_cache3.view(num_tokens, top_k, hidden_size).sum(dim=1)
