@@ -240,7 +240,7 @@ def test_server_maps_response_format_and_refuses_bad_grammars_with_a_400(engine,
         body = {"text": "Is the sky blue?", "sampling_params": {**GREEDY, "regex": "(yes|no)"}, "stream": True}
         with http.stream("POST", "/generate", json=body) as response:
             events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
-        assert re.fullmatch("(yes|no)", "".join(e["text"] for e in events))
+        assert re.fullmatch("(yes|no)", events[-1]["text"])  # /generate streams the text so far
         assert http.post("/flush_cache").status_code == 200
         info = http.get("/get_server_info").json()
         assert info["available_kv_tokens"] == info["max_total_num_tokens"], info
@@ -328,11 +328,9 @@ def test_speculative_decoding_refuses_a_grammar_by_name(tiny_llama, tmp_path):
         speculative_draft_model_path=draft,
         speculative_num_steps=2,
     )
-    out = engine.generate(input_ids=[5, 6, 7], sampling_params={**GREEDY, "max_new_tokens": 4, "regex": "[a-z]+"})
-    assert out["meta_info"]["finish_reason"] == {
-        "type": "abort",
-        "message": "speculative decoding does not support json_schema, regex or ebnf constraints",
-    }
+    # Refused at the front door, before anything is queued.
+    with pytest.raises(ValueError, match="speculative decoding does not support json_schema, regex or ebnf constraints"):
+        engine.generate(input_ids=[5, 6, 7], sampling_params={**GREEDY, "max_new_tokens": 4, "regex": "[a-z]+"})
 
 
 def test_tp2_ranks_admit_and_mask_alike(tiny_llama):
@@ -374,7 +372,7 @@ def test_grammar_accepts_rolls_back_and_terminates(tiny_engine):
 def test_vocab_mask_kernel_matches_plain_torch(tiny_engine):
     backend = tiny_engine.scheduler.grammar_manager._get_backend()
     grammar = backend.get_cached_or_future_value(("regex", "[a-m]+")).result().copy()
-    vocab = tiny_engine.vocab_size
+    vocab = tiny_engine.scheduler.worker_info.vocab_size
     mask = grammar.allocate_vocab_mask(vocab, 3, "cpu")
     grammar.fill_vocab_mask(mask, 0)
     mask[2] = torch.randint(-(2**31), 2**31 - 1, mask[2].shape, dtype=torch.int32)

@@ -54,8 +54,10 @@ def test_tiny_model_loads_offline_with_its_personality(arch):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     tensors = _tensors(folder)
     assert config.model_type == arch
-    assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
-    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    # DeepSeek-V3's tiny model has a dense first layer before its MoE ones; MLA has no grouped
+    # KV heads (its one latent is shared by every head), so its config repeats the head count.
+    assert (config.hidden_size, config.num_hidden_layers) == (64, 3 if arch == "deepseek_v3" else 2)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 4 if arch.startswith("deepseek") else 2)
     assert config.max_position_embeddings == 1024
     assert config.vocab_size == len(tokenizer) == 512
     assert all(t.dtype == torch.float32 for t in tensors.values())

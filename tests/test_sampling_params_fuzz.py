@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.sampler import Sampler
+from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.managers.schedule_batch import Req
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 from minisgl.sampling.sampling_params import SamplingParams
@@ -109,7 +110,8 @@ def sample_once(params: list[SamplingParams]) -> None:
         generator = None
         if not p.is_greedy:
             generator = torch.Generator().manual_seed(p.seed if p.seed is not None else i)
-        req = Req(f"r{i}", None, [1, 2, 3], p, eos_token_ids={0}, max_req_len=64, generator=generator)
+        recv = TokenizedGenerateReqInput(rid=f"r{i}", input_text=None, input_ids=[1, 2, 3], sampling_params=p)
+        req = Req(recv, eos_token_ids={0}, max_req_len=64, generator=generator)
         req.output_ids = [4, 5, 4]
         reqs.append(req)
     info = SamplingBatchInfo.from_reqs(reqs, VOCAB, "cpu")

@@ -195,7 +195,9 @@ def _data(events: list) -> list[dict]:
 def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama, tmp_path):
     log_path = tmp_path / "server.log"
     proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "60")
-    streams, threads = _start_streams(url, 4, 64)
+    # Long enough (about a second on an idle machine) that the drain is still on when the late
+    # request arrives; on a busy one the streams only take longer.
+    streams, threads = _start_streams(url, 4, 800)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     # Draining: a new request is refused with 503 while the ones in flight go on.
@@ -205,7 +207,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama,
     assert proc.wait(timeout=60) == -signal.SIGTERM, log_path.read_text()
     for events in streams:
         assert events[0] == ("status", 200) and events[-1] == ("data", "[DONE]"), events[-2:]
-        assert _data(events)[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 64}
+        assert _data(events)[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 800}
     assert "draining" in log_path.read_text()
 
 

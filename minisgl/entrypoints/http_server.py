@@ -185,7 +185,6 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     return JSONResponse(DetokenizeResponse(text=texts[0] if single else texts).model_dump())
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
 @router.post("/flush_cache")
 async def flush_cache(request: Request) -> Response:
     if await _tokenizer_manager(request).flush_cache():

@@ -15,6 +15,9 @@ from typing import Any, Optional, Union
 
 from minisgl.sampling.sampling_params import SamplingParams
 
+# Samples per prompt. OpenAI allows 128; every sample holds its own KV, and a small pool
+# would spend itself on one request.
+MAX_N = 16
 # The per-request options a batch may give as one value for all prompts or as a list.
 _PER_REQUEST = (
     "return_logprob",
@@ -148,11 +151,14 @@ class GenerateReqInput:
         for p in param_list:
             if p is not None and not isinstance(p, dict):
                 raise ValueError(f"sampling_params must be an object, got {type(p).__name__}")
-        ns = {(p or {}).get("n", 1) for p in param_list}
-        if len(ns) > 1:
+        ns = [(p or {}).get("n", 1) for p in param_list]
+        for n in ns:
+            # Checked before the batch is expanded n-fold: a huge n must not build a huge list.
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+                raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        if len(set(ns)) > 1:
             raise ValueError("n must be the same for every prompt of a batch")
-        self.parallel_sample_num = n = ns.pop()
-        check_type("n", n, int)
+        self.parallel_sample_num = n = ns[0]
         if n > 1:
             self.is_single = False
         num = self.batch_size * n

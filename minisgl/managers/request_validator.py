@@ -24,9 +24,6 @@ from minisgl.managers.tp_worker import WorkerInfo
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
 
-# Samples per prompt. OpenAI allows 128; every sample holds its own KV, and a small pool
-# would spend itself on one request.
-MAX_N = 16
 
 
 class RequestValidator:
@@ -41,10 +38,8 @@ class RequestValidator:
         self.speculative = server_args.speculative_algorithm is not None
 
     def make_tokenized_request(
-        self, spec: dict[str, Any], text: Optional[str], ids: list[int], n: int, stream: bool
+        self, spec: dict[str, Any], text: Optional[str], ids: list[int], stream: bool
     ) -> TokenizedGenerateReqInput:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
         self._validate_prompt(ids)
         return_logprob = check_type("return_logprob", spec["return_logprob"], bool)
         logprob_start_len = check_type("logprob_start_len", spec["logprob_start_len"], int)

@@ -283,7 +283,7 @@ class TokenizerManager:
                 ids = encoded[prompt_index]
             else:
                 ids = list(prompt)
-            reqs.append(self.validator.make_tokenized_request(spec, text, ids, obj.parallel_sample_num, obj.stream))
+            reqs.append(self.validator.make_tokenized_request(spec, text, ids, obj.stream))
         return reqs
 
     def _claim_rids(self, reqs: list[TokenizedGenerateReqInput]) -> None:

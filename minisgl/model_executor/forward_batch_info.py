@@ -46,6 +46,9 @@ class ForwardMode(IntEnum):
     def is_target_verify(self) -> bool:
         return self == ForwardMode.TARGET_VERIFY
 
+    def is_draft_extend(self) -> bool:
+        return self == ForwardMode.DRAFT_EXTEND
+
 
 class CaptureHiddenMode(IntEnum):
     NULL = 0  # keep no hidden states (the default: no extra copy)
