@@ -329,7 +329,9 @@ def test_speculative_decoding_refuses_a_grammar_by_name(tiny_llama, tmp_path):
         speculative_num_steps=2,
     )
     # Refused at the front door, before anything is queued.
-    with pytest.raises(ValueError, match="speculative decoding does not support json_schema, regex or ebnf constraints"):
+    with pytest.raises(
+        ValueError, match="speculative decoding does not support json_schema, regex or ebnf constraints"
+    ):
         engine.generate(input_ids=[5, 6, 7], sampling_params={**GREEDY, "max_new_tokens": 4, "regex": "[a-z]+"})
 
 

@@ -5,8 +5,7 @@ import asyncio
 
 import pytest
 
-from minisgl.managers.io_struct import GenerateReqInput
-from minisgl.managers.io_struct import MAX_N
+from minisgl.managers.io_struct import MAX_N, GenerateReqInput
 from minisgl.managers.scheduler import Scheduler
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs

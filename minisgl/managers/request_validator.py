@@ -25,7 +25,6 @@ from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
 
 
-
 class RequestValidator:
     """Turns one normalized request (GenerateReqInput[i]) into a checked TokenizedGenerateReqInput."""
 
