@@ -13,9 +13,7 @@ SKIPS: dict[str, str] = {
     "TestSRTEndpoint::test_logprob_with_chunked_prefill": f"a prompt of about 72,000 tokens: {SMOLLM2_CONTEXT}",
     "TestSRTEndpoint::test_logit_bias": "token id 60704 is Llama-3.2's 'Paris'; SmolLM2's vocabulary has 49,152 ids",
     "TestSRTEndpoint::test_logit_bias_isolation": "token id 60704 is Llama-3.2's; SmolLM2's vocabulary has 49,152 ids",
-    "TestSRTEndpoint::test_logprob_grammar": "constrained decoding (regex) is out of scope here (the grammar branch)",
     # test_openai_server.py
-    "TestOpenAIServer::test_regex": "constrained decoding (regex) is out of scope here (the grammar branch)",
     "TestOpenAIServer::test_response_prefill": (
         "needs meta-llama/Llama-3.1-8B-Instruct and continue_final_message, which minisgl refuses"
     ),
