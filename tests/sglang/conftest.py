@@ -31,6 +31,8 @@ SKIPS: dict[str, str] = {
 # Passing, but 35-90 s each on two CPU cores (32 request shapes each, 48 concurrent 128-token requests,
 # or 1,000-5,000-token prompts).
 SLOW = {
+    "TestOpenAIServer::test_regex",  # passes; kept out of the default suite's time budget
+    "TestSRTEndpoint::test_logprob_grammar",
     "TestOpenAIServer::test_completion",
     "TestOpenAIServer::test_completion_stream",
     "TestSRTEndpoint::test_logprob_match",
