@@ -16,9 +16,13 @@ from minisgl.tools.make_tiny_model import main as make_tiny_model_main
 from tests._models import smollm2_dir, tiny_model_dir
 
 
-def _tensors(folder) -> dict[str, torch.Tensor]:
-    with safe_open(f"{folder}/model.safetensors", "pt") as f:
+def _tensors_of(path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _tensors(folder) -> dict[str, torch.Tensor]:
+    return _tensors_of(f"{folder}/model.safetensors")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -176,3 +180,60 @@ def test_smollm2_converts_and_answers():
     out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def test_weights_iterator_reads_what_safetensors_reads(tmp_path):
+    """minisgl reads tensors with plain reads (no memory map, see weight_utils): every dtype,
+    shape and value must be what safetensors' own reader returns, for two files in order."""
+    from safetensors.torch import save_file
+
+    from minisgl.model_loader.weight_utils import safetensors_weights_iterator
+
+    torch.manual_seed(0)
+    first = {
+        "b.bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "a.f32": torch.randn(7),
+        "c.f16": torch.randn(2, 2, 2).to(torch.float16),
+        "d.i64": torch.arange(-3, 3),
+        "e.empty": torch.empty(0, 4),
+        "f.bool": torch.tensor([True, False]),
+    }
+    second = {"g.i32": torch.arange(4, dtype=torch.int32).reshape(2, 2)}
+    save_file(first, tmp_path / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    save_file(second, tmp_path / "model-00002-of-00002.safetensors")
+    got = list(safetensors_weights_iterator(str(tmp_path)))
+    assert sorted(name for name, _ in got[:-1]) == sorted(first) and got[-1][0] == "g.i32"
+    expected = {**_tensors_of(tmp_path / "model-00001-of-00002.safetensors"), **second}
+    for name, tensor in got:
+        assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
+
+    # The real checkpoint too, tensor for tensor, and without mapping it: a memory-mapped file's
+    # pages would count as resident memory (RssFile) while the iterator holds it open.
+    folder = smollm2_dir()
+    reference = _tensors(folder)
+    size_mb = sum(t.numel() * t.element_size() for t in reference.values()) / 2**20
+    before, most = _rss_file_mb(), 0.0
+    got = {}
+    for name, tensor in safetensors_weights_iterator(folder):
+        got[name] = tensor
+        most = max(most, _rss_file_mb() - before)
+    assert got.keys() == reference.keys()
+    assert all(torch.equal(got[k], reference[k]) for k in reference)
+    assert most < 0.1 * size_mb, f"{most:.0f} MB of the {size_mb:.0f} MB checkpoint mapped while reading it"
+
+
+def _rss_file_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:")) / 1024
+
+
+def test_weights_iterator_refuses_a_truncated_file(tmp_path):
+    from safetensors.torch import save_file
+
+    from minisgl.model_loader.weight_utils import safetensors_weights_iterator
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.randn(64, 64)}, path)
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="'w' is cut short"):
+        list(safetensors_weights_iterator(str(tmp_path)))

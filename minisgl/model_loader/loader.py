@@ -4,7 +4,7 @@ Mirrors python/sglang/srt/model_loader/loader.py (DefaultModelLoader.load_model)
 construct on the target device in the target dtype, then stream weights into
 each parameter's weight_loader. SGLang also has sharded, dummy, remote and
 quantized loaders; minisgl reads local safetensors (a GGUF file is converted to
-safetensors once, by ModelConfig's path resolution).
+safetensors once, when ServerArgs resolves the model path: model_loader/gguf.py).
 """
 
 from __future__ import annotations
