@@ -136,3 +136,32 @@ def test_shutdown_stops_the_thread_and_fails_waiting_requests(tiny_llama):
     assert not manager._thread.is_alive() and not manager.is_healthy()
     with pytest.raises(RuntimeError, match="stopped"):
         generate(manager, text="Hello")
+
+
+def test_the_scheduler_thread_builds_the_scheduler_it_runs(tiny_llama, monkeypatch):
+    """With the server's thread, the model is built (weights packed, kernels probed) in that
+    thread, not the caller's: OpenMP gives each thread that runs parallel ops its own workers,
+    and more workers than cores made every op of the forward wait for a wake-up."""
+    import threading
+
+    from minisgl.managers import tokenizer_manager
+
+    built_in, make = [], tokenizer_manager._make_scheduler
+
+    def recording_make(server_args):
+        built_in.append(threading.current_thread().name)
+        return make(server_args)
+
+    monkeypatch.setattr(tokenizer_manager, "_make_scheduler", recording_make)
+    manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS), threaded=True)
+    try:
+        assert built_in == [manager._thread.name] != [threading.current_thread().name]
+        assert generate(manager, text="Hello", sampling_params=GREEDY)["meta_info"]["completion_tokens"] == 24
+    finally:
+        manager.shutdown()
+
+
+def test_a_model_the_thread_cannot_build_fails_the_constructor(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
+    with pytest.raises(Exception, match="NoSuchForCausalLM"):
+        TokenizerManager(ServerArgs(model_path=str(tmp_path)), threaded=True)
