@@ -5,6 +5,7 @@ transformers on the same workload, in one run.
     python benchmarks/bench_serving.py --request-rate 2         # Poisson arrivals, 2 requests/s
     python benchmarks/bench_serving.py --num-requests 16 --concurrency 8 --hf-requests 2   # quicker
     python benchmarks/bench_serving.py --threads 1              # one CPU thread per engine (busy machines)
+    python benchmarks/bench_serving.py --concurrency 64 --hf-requests 0 --hf-batch-sizes ""   # server vs offline
 
 Starts ``python -m minisgl.launch_server`` as a subprocess on a free 127.0.0.1 port, waits for
 /health, warms it up with one short request, then sends bench_offline's workload (prompts of
@@ -15,7 +16,9 @@ tokens counts k gaps of 1/k of its wait) and E2E (send to the last token). Print
 each, output throughput (generated tokens over wall time, first send to last token) and request
 throughput. The server is stopped (SIGTERM, then SIGKILL) however the run ends.
 
-Baselines, after the server has gone (so nothing shares the cores): HF ``generate`` one request
+Baselines, after the server has gone (so nothing shares the cores): minisgl's offline ``Engine`` on
+the same workload (bench_offline.py's minisgl run, in its own process), for the ratio server /
+offline: what HTTP, streaming and detokenization cost at this concurrency. HF ``generate`` one request
 at a time on the first --hf-requests requests, timed per token by a streamer (TTFT, ITL, E2E with
 no queueing: the best latency one process gets), and HF left-padded batches of all requests
 (bench_offline.bench_hf_padded, best of --hf-batch-sizes). Ratios are minisgl / HF: above 1 is
@@ -47,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from bench_offline import _hf_model, bench_hf_padded  # noqa: E402
+from bench_offline import _hf_model, bench_hf_padded, run_in_subprocess  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
@@ -175,8 +178,9 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: list[int], n: 
             chunk = json.loads(line[len("data: ") :])
             if "error" in chunk:
                 raise RuntimeError(f"error in the stream: {chunk['error'].get('message')}")
-            k = len(chunk["output_ids"])
-            if not k:
+            # /generate streams cumulative output_ids, as SGLang's does (--stream-output: deltas).
+            k = len(chunk["output_ids"]) - tokens
+            if k <= 0:
                 continue
             now = time.perf_counter()
             if ttft is None:
@@ -245,6 +249,16 @@ def bench_server(path: str, workload, args) -> tuple[dict, float]:
             os.unlink(log.name)
 
 
+def bench_offline_engine(path: str, args) -> dict | None:
+    """bench_offline.py's minisgl run (the offline Engine) on this workload, in its own process."""
+    cmd = [sys.executable, str(pathlib.Path(__file__).with_name("bench_offline.py")), "--engine", "minisgl"]
+    cmd += ["--dtype", args.dtype, "--model-path", path, "--max-total-tokens", str(args.max_total_tokens)]
+    cmd += ["--threads", str(args.threads or torch.get_num_threads()), "--seed", str(args.seed)]
+    for name in ("num_requests", "min_input", "max_input", "min_output", "max_output"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return run_in_subprocess(cmd)
+
+
 # ---- HF one request at a time, timed per token ------------------------------------------------
 
 
@@ -306,6 +320,7 @@ def main() -> None:
     parser.add_argument("--min-output", type=int, default=16)
     parser.add_argument("--max-output", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-offline", action="store_true", help="skip the offline Engine baseline")
     parser.add_argument("--hf-requests", type=int, default=8, help="requests for HF one at a time (0: skip)")
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
@@ -350,6 +365,17 @@ def main() -> None:
     print(f"  server startup {startup:.1f}s (spawn to first token)")
     gc.collect()
 
+    if not args.no_offline:
+        offline = bench_offline_engine(path, args)
+        if offline is not None:
+            print(
+                f"minisgl offline Engine, same workload: {offline['tok_s']:8.1f} tok/s   "
+                f"server / offline = {ours['tok_s'] / offline['tok_s']:.2f}"
+            )
+
+    sizes = sorted({min(int(b), len(workload)) for b in args.hf_batch_sizes.split(",") if b.strip()})
+    if not (args.hf_requests or sizes):
+        return
     start = time.perf_counter()
     model = _hf_model(path, args.dtype)
     print(f"HF load time {time.perf_counter() - start:.1f}s")
@@ -364,7 +390,6 @@ def main() -> None:
             f"p50 ITL {ours['itl'][50] / hf['itl'][50]:.2f}, p50 E2E {ours['e2e'][50] / hf['e2e'][50]:.2f} "
             f"(latency: below 1 is faster)"
         )
-    sizes = sorted({min(int(b), len(workload)) for b in args.hf_batch_sizes.split(",") if b.strip()})
     padded = {bs: bench_hf_padded(model, workload, bs) for bs in sizes}
     for bs, tok_s in padded.items():
         print(f"HF padded batch {bs:<4d} {tok_s:8.1f} tok/s   ratio minisgl/this = {ours['tok_s'] / tok_s:.2f}")
