@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from minisgl.layers.custom_op import CustomOp
-from minisgl.layers.triton_ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 
 
 class RMSNorm(CustomOp):
@@ -26,6 +25,10 @@ class RMSNorm(CustomOp):
     # forward(x, residual=None) -> norm(x), or (norm(x + residual), x + residual): CustomOp dispatch
 
     def forward_cuda(self, x, residual=None):
+        # Imported on the GPU path only: importing triton maps about 65 MB of its libraries
+        # into the process, which a CPU engine never uses.
+        from minisgl.layers.triton_ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+
         if residual is None:
             return rmsnorm(x, self.weight, self.variance_epsilon)
         return fused_add_rmsnorm(x, residual, self.weight, self.variance_epsilon)

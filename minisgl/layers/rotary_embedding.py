@@ -10,6 +10,7 @@ pairs) of DeepSeek's.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Optional
 
@@ -144,6 +145,12 @@ def _apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     return rotated.to(x.dtype).reshape(num_tokens, -1)
 
 
+# As SGLang's _ROPE_DICT: one instance per distinct configuration, shared by every layer. Each
+# holds a float32 cos/sin table of max_position rows (2 MiB for SmolLM2's 8,192 x 64), and a
+# separate one per layer cost 30 of them, more than a tenth of a bfloat16 SmolLM2's memory.
+_ROPE_DICT: dict[tuple, RotaryEmbedding] = {}
+
+
 def get_rope(
     head_size: int,
     rotary_dim: int,
@@ -152,6 +159,15 @@ def get_rope(
     rope_scaling: Optional[dict[str, Any]] = None,
     is_neox_style: bool = True,
 ) -> RotaryEmbedding:
+    """The rotary embedding for this configuration, built once per device (see _ROPE_DICT)."""
+    key = (head_size, rotary_dim, max_position, base, json.dumps(rope_scaling, sort_keys=True), is_neox_style)
+    key += (str(torch.get_default_device()),)
+    if key not in _ROPE_DICT:
+        _ROPE_DICT[key] = _make_rope(head_size, rotary_dim, max_position, base, rope_scaling, is_neox_style)
+    return _ROPE_DICT[key]
+
+
+def _make_rope(head_size, rotary_dim, max_position, base, rope_scaling, is_neox_style) -> RotaryEmbedding:
     rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
     if rope_type == "default":
         return RotaryEmbedding(head_size, rotary_dim, max_position, base, is_neox_style)
