@@ -10,6 +10,7 @@ and 200 concurrent requests whose greedy outputs equal the same requests run one
 import asyncio
 import json
 import os
+import pathlib
 import random
 import signal
 import socket
@@ -298,6 +299,22 @@ BAD_REQUESTS = [
     ("generate with bad params", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "x"}}, 400),
     ("unknown route", "/v1/embeddings", {"model": MODEL, "input": "hi"}, 404),
 ]
+
+
+def test_bench_serving_client_counts_what_the_stream_sends(server):
+    """benchmarks/bench_serving.py's client on /generate's cumulative stream: it once counted each
+    chunk's whole output_ids as new tokens, and the benchmark failed with no test to say so."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_serving
+
+    async def run():
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with httpx.AsyncClient(headers=headers, timeout=60, trust_env=False) as c:
+            return await bench_serving.stream_one(c, server, [5, 6, 7, 8], 12)
+
+    result = asyncio.run(run())
+    assert result["tokens"] == 12 and 0 < len(result["itl"]) < 12
+    assert 0 < result["ttft"] <= result["e2e"]
 
 
 @pytest.mark.parametrize("name, route, body, status", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
