@@ -38,7 +38,8 @@ def safetensors_weights_iterator(model_path: str) -> Iterator[tuple[str, torch.T
     beside the model. A memory-mapped file would also work, but every page of it the loader
     touches counts as the process's resident memory until the file is closed: a float32
     checkpoint loaded into a bfloat16 model would then peak at the model plus the whole
-    checkpoint, twice the model's own size (measured with bench_offline.py's peak RSS).
+    checkpoint (loading SmolLM2 in bfloat16 and serving four requests peaked at 1,232 MB with
+    the map, 844 MB with reads).
     """
     files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
     if not files:
