@@ -187,6 +187,16 @@ def worker_main(args, workload_kwargs) -> None:
 # ---- the orchestrator ---------------------------------------------------------------------------
 
 
+def engine_cmd(engine: str, dtype: str, args, threads: int) -> list[str]:
+    """The command that runs one engine of this benchmark in its own process (``--engine``), on
+    the workload and settings in ``args`` (this script's, or bench_serving.py's: same names)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--engine", engine, "--dtype", dtype]
+    cmd += ["--model-path", args.model_path, "--threads", str(threads)]
+    for name in ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed", "max_total_tokens"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return cmd + ["--hf-one-at-a-time", str(getattr(args, "hf_one_at_a_time", 0))]
+
+
 def run_in_subprocess(cmd: list[str], env: dict | None = None) -> dict | None:
     """Run one engine's process; its result is the last line that starts with RESULT or {."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -310,34 +320,7 @@ def main() -> None:
     )
 
     def own(engine: str, dtype: str) -> list[str]:
-        return [
-            sys.executable,
-            __file__,
-            "--engine",
-            engine,
-            "--dtype",
-            dtype,
-            "--model-path",
-            args.model_path,
-            "--threads",
-            str(threads),
-            "--num-requests",
-            str(args.num_requests),
-            "--min-input",
-            str(args.min_input),
-            "--max-input",
-            str(args.max_input),
-            "--min-output",
-            str(args.min_output),
-            "--max-output",
-            str(args.max_output),
-            "--seed",
-            str(args.seed),
-            "--hf-one-at-a-time",
-            str(args.hf_one_at_a_time),
-            "--max-total-tokens",
-            str(args.max_total_tokens),
-        ]
+        return engine_cmd(engine, dtype, args, threads)
 
     llama_q4_1 = None  # the Q4_1 reference row does not depend on the dtype: run once, shown in each
     summary: dict[str, dict] = {}

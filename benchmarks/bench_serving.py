@@ -50,7 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from bench_offline import _hf_model, bench_hf_padded, run_in_subprocess  # noqa: E402
+from bench_offline import _hf_model, bench_hf_padded, engine_cmd, run_in_subprocess  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
@@ -251,12 +251,8 @@ def bench_server(path: str, workload, args) -> tuple[dict, float]:
 
 def bench_offline_engine(path: str, args) -> dict | None:
     """bench_offline.py's minisgl run (the offline Engine) on this workload, in its own process."""
-    cmd = [sys.executable, str(pathlib.Path(__file__).with_name("bench_offline.py")), "--engine", "minisgl"]
-    cmd += ["--dtype", args.dtype, "--model-path", path, "--max-total-tokens", str(args.max_total_tokens)]
-    cmd += ["--threads", str(args.threads or torch.get_num_threads()), "--seed", str(args.seed)]
-    for name in ("num_requests", "min_input", "max_input", "min_output", "max_output"):
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return run_in_subprocess(cmd)
+    args = argparse.Namespace(**{**vars(args), "model_path": path})
+    return run_in_subprocess(engine_cmd("minisgl", args.dtype, args, args.threads or torch.get_num_threads()))
 
 
 # ---- HF one request at a time, timed per token ------------------------------------------------

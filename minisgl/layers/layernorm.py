@@ -15,6 +15,11 @@ from torch import nn
 
 from minisgl.layers.custom_op import CustomOp
 
+# Only where CUDA is: importing triton maps about 65 MB of its libraries into the process, which a
+# CPU engine never uses (as SGLang imports sgl_kernel only `if _is_cuda`).
+if torch.cuda.is_available():
+    from minisgl.layers.triton_ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+
 
 class RMSNorm(CustomOp):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -25,10 +30,6 @@ class RMSNorm(CustomOp):
     # forward(x, residual=None) -> norm(x), or (norm(x + residual), x + residual): CustomOp dispatch
 
     def forward_cuda(self, x, residual=None):
-        # Imported on the GPU path only: importing triton maps about 65 MB of its libraries
-        # into the process, which a CPU engine never uses.
-        from minisgl.layers.triton_ops.rmsnorm import fused_add_rmsnorm, rmsnorm
-
         if residual is None:
             return rmsnorm(x, self.weight, self.variance_epsilon)
         return fused_add_rmsnorm(x, residual, self.weight, self.variance_epsilon)

@@ -22,6 +22,10 @@ from minisgl.eplb.expert_distribution import get_global_expert_distribution_reco
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.moe.topk import TopKConfig, select_experts
 
+# Only where CUDA is: importing triton maps about 65 MB of its libraries, which a CPU engine never uses.
+if torch.cuda.is_available():
+    from minisgl.layers.moe.fused_moe_triton.fused_moe import fused_moe
+
 
 class FusedMoE(nn.Module):
     def __init__(
@@ -72,12 +76,8 @@ class FusedMoE(nn.Module):
         with get_global_expert_distribution_recorder().with_current_layer(self.layer_id):
             topk_weights, topk_ids = select_experts(router_logits, self.topk_config, self.layer_id)
         # The grouped Triton kernel on the GPU; on the CPU the loop over experts is faster
-        # than the interpreted kernel (which the kernel tests run against this loop). Imported
-        # here: importing triton maps about 65 MB of its libraries, which a CPU engine never uses.
-        if hidden_states.is_cuda:
-            from minisgl.layers.moe.fused_moe_triton.fused_moe import fused_moe as experts
-        else:
-            experts = fused_experts_native
+        # than the interpreted kernel (which the kernel tests run against this loop).
+        experts = fused_moe if hidden_states.is_cuda else fused_experts_native
         out = experts(hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
         return tensor_model_parallel_all_reduce(out)
 
