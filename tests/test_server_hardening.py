@@ -175,7 +175,8 @@ def _stream(url: str, body: dict, events: list) -> None:
         events.append(("cut", repr(e)))
 
 
-def _start_streams(url: str, n: int, max_new_tokens: int) -> tuple[list, list]:
+def _start_streams(url: str, n: int, max_new_tokens: int, wait_for=any) -> tuple[list, list]:
+    """Start n streams and return once `wait_for` (any or all) of them has its first tokens."""
     params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0}
     streams = [[] for _ in range(n)]
     threads = [threading.Thread(target=_stream, args=(url, {"text": f"story {i}", "sampling_params": params}, ev))
@@ -183,8 +184,8 @@ def _start_streams(url: str, n: int, max_new_tokens: int) -> tuple[list, list]:
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
-    while not any(len(ev) >= 3 for ev in streams) and time.monotonic() < deadline:
-        time.sleep(0.02)  # a stream has its first tokens
+    while not wait_for(len(ev) >= 3 for ev in streams) and time.monotonic() < deadline:
+        time.sleep(0.02)
     return streams, threads
 
 
@@ -197,7 +198,8 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama,
     proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "60")
     # Long enough (about a second on an idle machine) that the drain is still on when the late
     # request arrives; on a busy one the streams only take longer.
-    streams, threads = _start_streams(url, 4, 800)
+    # Every stream must be in flight before SIGTERM; one still connecting would rightly get a 503.
+    streams, threads = _start_streams(url, 4, 800, wait_for=all)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     # Draining: a new request is refused with 503 while the ones in flight go on.
