@@ -5,13 +5,15 @@
 its notebook. Notebooks are committed with outputs stripped (no outputs, no execution counts),
 so a diff shows only what a person changed.
 
-Each notebook is executed here, headless, in a fresh kernel with nbclient, on the tiny
-checkpoints and the CPU, so the one ``pytest`` command covers them; ``pytest --nbmake
+Each notebook is executed here, headless, in a fresh kernel with nbclient (as many at once as
+the machine has cores), on the tiny checkpoints and the CPU, so the one ``pytest`` command covers
+them; ``pytest --nbmake
 notebooks/`` runs the same notebooks through nbmake.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -85,18 +87,43 @@ def test_notebook_has_the_parameter_cell(name):
     assert 'DEVICE = "cpu"' in source
 
 
+async def _execute(name: str, slots: asyncio.Semaphore) -> BaseException | None:
+    """Run one notebook in its own fresh kernel; the error it raised, or None."""
+    async with slots:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        client = NotebookClient(
+            nb,
+            timeout=CELL_TIMEOUT_S,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(NOTEBOOKS)}},
+            shutdown_kernel="immediate",  # a graceful shutdown waits ~3 s for the kernel to exit
+        )
+        # One OpenMP thread: the tiny models gain nothing from more, and spinning OpenMP workers
+        # slow everything down when the machine's cores are shared.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        try:
+            await client.async_execute(env=env)
+        except Exception as e:  # re-raised by that notebook's own test
+            return e
+        return None
+
+
+@pytest.fixture(scope="module")
+def executed(request) -> dict[str, BaseException | None]:
+    """Every notebook this session selected, executed in fresh kernels, one per core at a time:
+    each kernel runs one thread, and most of a notebook's time is its kernel importing torch and
+    transformers, so running them side by side halves this file's share of the suite."""
+    names = [i.callspec.params["name"] for i in request.session.items if i.originalname == "test_notebook_runs"]
+    slots = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+
+    async def run_all():
+        return await asyncio.gather(*(_execute(n, slots) for n in names))
+
+    return dict(zip(names, asyncio.run(run_all())))
+
+
 @pytest.mark.parametrize("name", PRESENT)
-def test_notebook_runs(name):
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = NotebookClient(
-        nb,
-        timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-        shutdown_kernel="immediate",  # a graceful shutdown waits ~3 s for the kernel to exit
-    )
-    # One OpenMP thread: the tiny models gain nothing from more, and spinning OpenMP workers
-    # slow everything down when the machine's two cores are shared.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def test_notebook_runs(name, executed):
     # How long a notebook takes is for benchmarks to say, not for a test on a busy machine.
-    client.execute(env=env)
+    if executed[name] is not None:
+        raise executed[name]
