@@ -221,6 +221,24 @@ def test_weight_packed_linear_matches_float64(dtype, weight_dtype, rows, with_bi
         assert torch.equal(y, y32.to(dtype))
 
 
+@pytest.mark.parametrize("rows", [3, 300])  # one row chunk split by panels; three chunks
+def test_weight_packed_linear_gives_the_same_bits_on_any_number_of_threads(rows):
+    """Threads take units of work from a shared counter, so which thread computes which rows and
+    panels changes from call to call; the result must not."""
+    g = torch.Generator().manual_seed(0)
+    packed = ops.convert_weight_packed(torch.randn(40 * block_n(), 70, generator=g))
+    x = torch.randn(rows, 70, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = ops.weight_packed_linear(x, packed, None)
+        torch.set_num_threads(4)  # more threads than this machine may have cores: units still all run once
+        together = [ops.weight_packed_linear(x, packed, None) for _ in range(3)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(alone, y) for y in together)
+
+
 def test_weight_packed_linear_rejects_bad_shapes_and_dtypes():
     with pytest.raises(RuntimeError, match=f"multiple of {block_n()}"):
         ops.convert_weight_packed(torch.randn(72, 64))
