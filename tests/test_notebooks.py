@@ -114,7 +114,7 @@ def executed(request) -> dict[str, BaseException | None]:
     each kernel runs one thread, and most of a notebook's time is its kernel importing torch and
     transformers, so running them side by side halves this file's share of the suite."""
     names = [i.callspec.params["name"] for i in request.session.items if i.originalname == "test_notebook_runs"]
-    slots = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+    slots = asyncio.Semaphore(len(os.sched_getaffinity(0)))  # the cores this process may use
 
     async def run_all():
         return await asyncio.gather(*(_execute(n, slots) for n in names))

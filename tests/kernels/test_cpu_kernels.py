@@ -198,7 +198,7 @@ def block_n() -> int:
         (torch.bfloat16, torch.float32),
     ],
 )
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 11, 12, 13, 64, 128, 129, 300])  # tile edges (6, 12) and row chunks (128)
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 11, 12, 13, 64, 128, 129, 300])  # none, tile edges, row chunks
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_weight_packed_linear_matches_float64(dtype, weight_dtype, rows, with_bias):
     g = torch.Generator().manual_seed(rows)

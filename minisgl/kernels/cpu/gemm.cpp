@@ -141,6 +141,7 @@ void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, i
 // computes a unit never changes its result.
 template <typename Fn>
 void for_each_unit(int64_t M, int64_t NB, Fn&& fn) {
+  if (M == 0 || NB == 0) return;  // an empty batch: no units (and no division by zero chunks)
   const int64_t chunks = (M + CHUNK_M - 1) / CHUNK_M, threads = at::get_num_threads();
   const int64_t units_per_chunk = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));
   const int64_t panels_per_unit = (NB + units_per_chunk - 1) / units_per_chunk;
