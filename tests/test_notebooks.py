@@ -6,9 +6,8 @@ its notebook. Notebooks are committed with outputs stripped (no outputs, no exec
 so a diff shows only what a person changed.
 
 Each notebook is executed here, headless, in a fresh kernel with nbclient (as many at once as
-the machine has cores), on the tiny checkpoints and the CPU, so the one ``pytest`` command covers
-them; ``pytest --nbmake
-notebooks/`` runs the same notebooks through nbmake.
+this process has cores), on the tiny checkpoints and the CPU, so the one ``pytest`` command
+covers them; ``pytest --nbmake notebooks/`` runs the same notebooks through nbmake.
 """
 
 from __future__ import annotations
