@@ -144,14 +144,14 @@ template <typename Fn>
 void for_each_unit(int64_t M, int64_t NB, Fn&& fn) {
   if (M == 0 || NB == 0) return;  // an empty batch: no units (and no division by zero chunks)
   const int64_t chunks = (M + CHUNK_M - 1) / CHUNK_M, threads = at::get_num_threads();
-  const int64_t units_per_chunk = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));
-  const int64_t panels_per_unit = (NB + units_per_chunk - 1) / units_per_chunk;
-  const int64_t units = chunks * ((NB + panels_per_unit - 1) / panels_per_unit);
+  const int64_t wanted = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));  // per chunk
+  const int64_t panels_per_unit = (NB + wanted - 1) / wanted;
+  const int64_t units_per_chunk = (NB + panels_per_unit - 1) / panels_per_unit, units = chunks * units_per_chunk;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
     for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
-      const int64_t chunk = u / (units / chunks), nb0 = u % (units / chunks) * panels_per_unit;
-      fn(chunk * CHUNK_M, std::min(M, (chunk + 1) * CHUNK_M), nb0, std::min(NB, nb0 + panels_per_unit));
+      const int64_t m0 = u / units_per_chunk * CHUNK_M, nb0 = u % units_per_chunk * panels_per_unit;
+      fn(m0, std::min(M, m0 + CHUNK_M), nb0, std::min(NB, nb0 + panels_per_unit));
     }
   });
 }
