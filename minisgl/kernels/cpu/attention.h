@@ -80,29 +80,78 @@ inline int64_t next_call_id() {
   return counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Pass 1 of attend_block, scores[r][t] = q_r . k_t: each key row is loaded (and widened) once and
-// dotted with every query row that sees it. A row sees key t if its token j >= t - start, start
-// being the absolute position of the block's first token: within each KV head, a suffix of its rows.
+// {sum of a's lanes, of b's, of c's, of d's} into out[0, 4): the cross-lane sums of four dot
+// products at once, about two instructions per score where one reduce_add costs six.
+inline void store_sums4(Reg a, Reg b, Reg c, Reg d, float* out) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX512)  // fold each zmm's halves into a ymm, then as AVX2
+  const auto fold = [](__m512 x) { return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1)); };
+  const __m256 a8 = fold(a), b8 = fold(b), c8 = fold(c), d8 = fold(d);
+#else
+  const __m256 a8 = a, b8 = b, c8 = c, d8 = d;
+#endif
+  // hadd(hadd(a, b), hadd(c, d)) holds, per 128-bit lane, the lane's sums of a, b, c and d.
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+#else
+  out[0] = Vec(a).reduce_add();
+  out[1] = Vec(b).reduce_add();
+  out[2] = Vec(c).reduce_add();
+  out[3] = Vec(d).reduce_add();
+#endif
+}
+
+// Keys per tile of scores_by_key, and query rows per tile: ROWS x 4 accumulators (12 of AVX2's
+// 16 registers, 24 of AVX-512's 32) beside the 4 key registers.
+constexpr int kTileKeys = 4;
+constexpr int kKeyRows = kAccumulators / kTileKeys;
+
+// scores[i * ld + j] = q_i . k_j for ROWS query rows and 4 keys: each piece of a key is loaded (and
+// widened) once for all the rows, and the 4 x ROWS dot products are independent chains of FMAs
+// (one per (row, key) was a chain of dependent FMAs and a cross-lane sum for every score).
+template <int ROWS, int kDim, typename scalar_t>
+inline void score_keys(const float* q, int64_t d, const scalar_t* const* keys, float* scores, int64_t ld) {
+  Reg acc[ROWS][kTileKeys];
+  for (int i = 0; i < ROWS; ++i) {
+    for (int j = 0; j < kTileKeys; ++j) acc[i][j] = Vec(0.f);
+  }
+  for (int64_t c = 0; c < (kDim ? kDim : d); c += Vec::size()) {
+    Reg k[kTileKeys];
+    for (int j = 0; j < kTileKeys; ++j) k[j] = load_float(keys[j] + c);
+    for (int i = 0; i < ROWS; ++i) {
+      const Vec qi = Vec::loadu(q + i * d + c);
+      for (int j = 0; j < kTileKeys; ++j) acc[i][j] = at::vec::fmadd(qi, Vec(k[j]), Vec(acc[i][j]));
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) store_sums4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], scores + i * ld);
+}
+
+// Pass 1 of attend_block when few query rows share each key (decode: one GQA group per KV head),
+// scores[r][t] = q_r . k_t, four keys at a time. Every row gets a score for every key of the block;
+// the softmax ignores those past a row's visible keys. Entries up to ld may be written (ld is a
+// multiple of kTileKeys).
 template <int kDim, typename scalar_t>
 void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const scalar_t* v_buf,
                    const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
-                   int64_t kv_len, int64_t ld, int64_t start) {
-  const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
-  Vec k[kMaxHeadDim / Vec::size()];
-  for (int64_t t = 0; t < kv_len; ++t) {
-    const scalar_t* k_slot = k_buf + token_slots[t] * a.k_slot_stride + head_begin * d;
-    if (t + 8 < kv_len) {  // this item's K and (for pass 3) V heads of a key 8 ahead
-      prefetch_bytes(k_buf + token_slots[t + 8] * a.k_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
-      prefetch_bytes(v_buf + token_slots[t + 8] * a.v_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
+                   int64_t kv_len, int64_t ld) {
+  const int64_t d = kDim ? kDim : a.head_dim;
+  for (int64_t t0 = 0; t0 < kv_len; t0 += kTileKeys) {
+    // This item's K and (for pass 3) V heads of the keys 8 ahead.
+    for (int64_t t = t0 + 8; t < std::min(t0 + 8 + kTileKeys, kv_len); ++t) {
+      prefetch_bytes(k_buf + token_slots[t] * a.k_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
+      prefetch_bytes(v_buf + token_slots[t] * a.v_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
     }
-    const int64_t skip = std::max<int64_t>(0, t - start) * a.group;
+    const int64_t n = std::min<int64_t>(kTileKeys, kv_len - t0);
     for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t c = 0; c < n_vec; ++c) k[c] = load_float(k_slot + h * d + c * Vec::size());
-      for (int64_t r = h * rows_per_head + skip; r < (h + 1) * rows_per_head; ++r) {
-        const float* qr = sc.q_rows.data() + r * d;
-        Vec acc = Vec::loadu(qr) * k[0];
-        for (int64_t c = 1; c < n_vec; ++c) acc = at::vec::fmadd(Vec::loadu(qr + c * Vec::size()), k[c], acc);
-        sc.scores[r * ld + t] = acc.reduce_add();
+      const scalar_t* keys[kTileKeys];  // past the last key, the last key again (its scores are never read)
+      for (int64_t j = 0; j < kTileKeys; ++j) {
+        keys[j] = k_buf + token_slots[t0 + std::min(j, n - 1)] * a.k_slot_stride + (head_begin + h) * d;
+      }
+      for (int64_t r = 0; r < rows_per_head; r += kKeyRows) {
+        const int64_t row = h * rows_per_head + r;
+        with_rows<kKeyRows>(std::min<int64_t>(kKeyRows, rows_per_head - r), [&]<int R>() {
+          score_keys<R, kDim>(sc.q_rows.data() + row * d, d, keys, sc.scores.data() + row * ld + t0, ld);
+        });
       }
     }
   }
@@ -171,28 +220,50 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_
   }
 }
 
-// out_i = sum_t p[i][t] * v_t for ROWS query rows of one KV head, over keys [0, n): each value row is
-// loaded (and widened) once for the whole tile. Rows that see fewer keys have p = 0 past them.
-template <int ROWS, int kDim, typename scalar_t>
-inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_head,
-                       const int32_t* token_slots, float* out) {
-  constexpr int64_t kMaxVec = (kDim ? kDim : kMaxHeadDim) / Vec::size();
-  const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
-  Vec acc[ROWS][kMaxVec];
+// Vectors of a head per value tile, and query rows per tile: ROWS x kValueVecs accumulators
+// (12 of AVX2's 16 registers, 24 of AVX-512's 32) beside the rows' probabilities and one piece of v.
+constexpr int kValueVecs = 4;
+constexpr int kValueRows = kAccumulators / kValueVecs;
+
+// out[i * d + c] += sum_t p[i][t] * v_t[c] over keys [0, n), for ROWS query rows of one KV head and
+// the NV vectors of the head starting at v_piece: each piece of v_t is loaded (and widened) once for
+// all the rows. (One row at a time, as before, read every value row once per query row; with AVX2
+// a 64-wide head took all the accumulators.) Rows that see fewer keys have p = 0 past them.
+template <int ROWS, int NV, typename scalar_t>
+inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_piece,
+                       const int32_t* token_slots, float* out, int64_t d) {
+  Reg acc[ROWS][NV];
   for (int i = 0; i < ROWS; ++i) {
-    for (int64_t c = 0; c < n_vec; ++c) acc[i][c] = Vec(0.f);
+    for (int c = 0; c < NV; ++c) acc[i][c] = Vec(0.f);
   }
   for (int64_t t = 0; t < n; ++t) {
-    const scalar_t* v = v_head + token_slots[t] * a.v_slot_stride;
-    Vec pt[ROWS];
+    const scalar_t* v = v_piece + token_slots[t] * a.v_slot_stride;
+    Reg pt[ROWS];
     for (int i = 0; i < ROWS; ++i) pt[i] = Vec(p[i * ld + t]);
-    for (int64_t c = 0; c < n_vec; ++c) {  // one piece of v_t at a time: ROWS x n_vec accumulators + 1
+    for (int c = 0; c < NV; ++c) {
       const Vec vt = load_float(v + c * Vec::size());
-      for (int i = 0; i < ROWS; ++i) acc[i][c] = at::vec::fmadd(pt[i], vt, acc[i][c]);
+      for (int i = 0; i < ROWS; ++i) acc[i][c] = at::vec::fmadd(Vec(pt[i]), vt, Vec(acc[i][c]));
     }
   }
   for (int i = 0; i < ROWS; ++i) {
-    for (int64_t c = 0; c < n_vec; ++c) acc[i][c].store(out + i * d + c * Vec::size());
+    for (int c = 0; c < NV; ++c) Vec(acc[i][c]).store(out + i * d + c * Vec::size());
+  }
+}
+
+// value_tile over the whole head, kValueVecs vectors at a time: with a head dim known at compile
+// time that is a multiple of them (64 and 128 at either width), only NV = kValueVecs is built.
+template <int ROWS, int kDim, typename scalar_t>
+inline void value_rows(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_head,
+                       const int32_t* token_slots, float* out) {
+  const int64_t d = kDim ? kDim : a.head_dim;
+  for (int64_t c = 0; c < d; c += kValueVecs * Vec::size()) {
+    if constexpr (kDim != 0 && kDim % (kValueVecs * Vec::size()) == 0) {
+      value_tile<ROWS, kValueVecs>(a, p, ld, n, v_head + c, token_slots, out + c, d);
+    } else {
+      with_rows<kValueVecs>(std::min<int64_t>(kValueVecs, (d - c) / Vec::size()), [&]<int NV>() {
+        value_tile<ROWS, NV>(a, p, ld, n, v_head + c, token_slots, out + c, d);
+      });
+    }
   }
 }
 
@@ -231,8 +302,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     scores_by_tile<kDim, scalar_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
                                    prefix + first, who);
   } else {
-    scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
-                                  prefix + first);
+    scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
   }
   // 2. softmax over each row's visible keys (the division is deferred to the output); p = 0 past them,
   // for the value tiles that run to their last row's keys.
@@ -242,14 +312,13 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
     std::fill(s + visible(r), s + kv_len, 0.f);
   }
-  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows (kAccumulators in all).
-  constexpr int kValueRows = kDim ? std::max<int>(1, kAccumulators / (kDim / Vec::size())) : 1;
+  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows.
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
       const int64_t n_rows = std::min<int64_t>(kValueRows, (h + 1) * rows_per_head - r0);
       with_rows<kValueRows>(n_rows, [&]<int R>() {
-        value_tile<R, kDim>(a, sc.scores.data() + r0 * ld, ld, visible(r0 + R - 1), v_buf + (head_begin + h) * d,
+        value_rows<R, kDim>(a, sc.scores.data() + r0 * ld, ld, visible(r0 + R - 1), v_buf + (head_begin + h) * d,
                             token_slots, out);
       });
       for (int64_t i = 0; i < n_rows; ++i) {

@@ -13,6 +13,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <type_traits>
@@ -31,6 +32,18 @@
                          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace minisgl {
+
+// The register type under at::vec::Vectorized<float>, for arrays of accumulators: GCC keeps an
+// array of raw __m512 or __m256 in registers, but spills an array of Vectorized<float> objects to
+// the stack, which makes every FMA a load and a store (the AVX2 GEMM measured at a third of
+// oneDNN's rate before it used these).
+#if defined(CPU_CAPABILITY_AVX512)
+using Reg = __m512;
+#elif defined(CPU_CAPABILITY_AVX2)
+using Reg = __m256;
+#else
+using Reg = at::vec::Vectorized<float>;
+#endif
 
 // Round a float32 value to the model dtype and back: the reference rounds here too.
 template <typename scalar_t>

@@ -20,8 +20,6 @@
 // they are stored: the result differs from F.linear on the float32 weights only in summation order.
 // What SGLang's version has and this one omits: the VNNI layout multiplied by AMX tiles (brgemm)
 // and int8/fp8 weights.
-#include <immintrin.h>
-
 #include <atomic>
 #include <optional>
 
@@ -40,16 +38,6 @@ constexpr int MAX_ROWS = VLEN == 16 ? 12 : 6;
 // still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
 // too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
-// The register type under fVec, for the accumulator arrays: GCC keeps an array of raw __m512 or
-// __m256 in registers, but spills an array of Vectorized<float> objects to the stack, which made
-// every FMA a load and a store (the AVX2 build measured at a third of oneDNN's rate before this).
-#if defined(CPU_CAPABILITY_AVX512)
-using Reg = __m512;
-#elif defined(CPU_CAPABILITY_AVX2)
-using Reg = __m256;
-#else
-using Reg = fVec;
-#endif
 
 // One k-step of a panel (BLOCK_N weights) as two float32 registers. A 16-bit half is widened as it
 // is loaded (vpmovzxwd + a shift for bf16, vcvtph2ps for fp16, both reading memory directly):
