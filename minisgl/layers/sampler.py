@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.kernels.cpu import is_available as cpu_kernels_available
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 
 
@@ -29,7 +30,7 @@ class Sampler(nn.Module):
     ) -> torch.Tensor:
         logits = logits_output.next_token_logits.float()  # [bs, vocab]
         if sampling_info.is_all_greedy:
-            next_token_ids = torch.argmax(logits, dim=-1)
+            next_token_ids = argmax_rows(logits)
             logprobs = torch.log_softmax(logits, dim=-1) if return_logprob else None
         else:
             logits = logits / sampling_info.temperatures
@@ -58,8 +59,17 @@ def top_k_top_p_min_p_renorm(probs: torch.Tensor, info) -> torch.Tensor:
     return filtered / filtered.sum(dim=-1, keepdim=True)
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of [rows, vocab] float32 scores: on CPU, minisgl's kernel (sampling.cpp),
+    since ATen's argmax along the last dimension is not vectorized (2.9 ms against 0.6 ms for 48
+    rows of a 49,152-token vocabulary on a 2-core AMD EPYC). Same result, ties and NaN included."""
+    if x.is_cpu and x.dim() == 2 and x.dtype == torch.float32 and x.shape[1] > 0 and cpu_kernels_available():
+        return torch.ops.minisgl_kernel.argmax_cpu(x)
+    return torch.argmax(x, dim=-1)
+
+
 def sample_per_request(probs: torch.Tensor, generators: list) -> torch.Tensor:
-    out = torch.argmax(probs, dim=-1)
+    out = argmax_rows(probs)
     for i, gen in enumerate(generators):
         if gen is not None:  # greedy rows keep the argmax
             out[i] = torch.multinomial(probs[i], 1, generator=gen)[0]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from minisgl import tracing
-from minisgl.layers.sampler import sample_per_request, top_k_top_p_min_p_renorm
+from minisgl.layers.sampler import argmax_rows, sample_per_request, top_k_top_p_min_p_renorm
 from minisgl.managers.schedule_batch import ModelWorkerBatch
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -119,7 +119,7 @@ class StandaloneWorker(TpModelWorker):
                 logits = self._draft_logits(step_batch).float()
                 info.apply_logits_bias(logits)
                 if info.is_all_greedy:
-                    next_ids = logits.argmax(dim=-1)
+                    next_ids = argmax_rows(logits)
                 else:
                     q = _sampling_probs(logits, info)
                     next_ids = sample_per_request(q, info.generators)

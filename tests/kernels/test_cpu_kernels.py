@@ -164,6 +164,24 @@ def test_rmsnorm_matches_forward_native(dtype):
     torch.testing.assert_close(out, ref_out, atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 8, 49152])  # shorter than a vector, one vector, many and a tail
+def test_argmax_cpu_matches_torch_argmax(vocab):
+    x = torch.randn(40, vocab)
+    if vocab > 1:
+        x[1] = 0.5  # all tied: the first index
+        x[2, -1] = float("inf")
+        x[3, vocab // 2 :] = x[3].max() + 1  # tied maxima: the first of them
+        x[4, -1], x[5, 0] = float("nan"), float("nan")  # NaN counts as the largest value, as in torch
+        x[6, vocab // 2 :] = float("nan")
+    x[7] = float("-inf")
+    assert torch.equal(ops.argmax_cpu(x), torch.argmax(x, dim=-1))
+    wide = torch.randn(5, 2 * vocab + 3)[:, 1 : vocab + 1]  # rows of a larger tensor (strided)
+    assert torch.equal(ops.argmax_cpu(wide), torch.argmax(wide, dim=-1))
+    assert ops.argmax_cpu(torch.empty(0, vocab)).shape == (0,)
+    with pytest.raises(RuntimeError, match="argmax_cpu: expects float32"):
+        ops.argmax_cpu(x.bfloat16())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_matches_torch(dtype):
     x = torch.randn(23, 2 * 1536).to(dtype) * 4

@@ -3,7 +3,8 @@
 Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
-``weight_packed_linear``) registered under ``torch.ops.minisgl_kernel``. SGLang builds a wheel
+``weight_packed_linear``) registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for
+greedy sampling, which sgl-kernel has no counterpart of. SGLang builds a wheel
 with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
 ``torch.utils.cpp_extension.load`` and caches the library. Omitted: MoE, quantized GEMMs, MLA and
 the shared-memory all-reduce.
@@ -37,7 +38,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "gemm.cpp", "torch_extension_cpu.cpp"]
+_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "gemm.cpp", "sampling.cpp", "torch_extension_cpu.cpp"]
 _HEADERS = ["common.h", "attention.h"]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {

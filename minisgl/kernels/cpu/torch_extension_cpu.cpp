@@ -26,6 +26,7 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
 at::Tensor convert_weight_packed(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
 int64_t weight_packed_block_n();
+at::Tensor argmax_cpu(const at::Tensor& logits);
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -44,6 +45,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       " Tensor extend_seq_lens, Tensor extend_start_loc, float scale) -> ()");
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
+  m.def("argmax_cpu(Tensor logits) -> Tensor");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
 }
 
@@ -56,4 +58,5 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("extend_attention_cpu", &minisgl::extend_attention_cpu);
   m.impl("convert_weight_packed", &minisgl::convert_weight_packed);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
+  m.impl("argmax_cpu", &minisgl::argmax_cpu);
 }
