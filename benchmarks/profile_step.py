@@ -6,9 +6,10 @@
 
 Runs SmolLM2-135M on --batch requests of --prompt-len random tokens: their prefill (in chunks of
 the engine's chunked_prefill_size), then --decode-steps decode steps with all of them, and prints,
-for each phase, the wall time per forward and the operators that took it. --torch-native sets
-MINISGL_DISABLE_CPU_KERNELS=1 before minisgl is imported, which selects the torch_native
-attention backend and the layers' forward_native paths (oneDNN-packed weights stay).
+for each phase, the wall time per forward, the operators that took it and the time outside any
+operator (Python between the ops). --torch-native sets MINISGL_DISABLE_CPU_KERNELS=1 before
+minisgl is imported, which selects the torch_native attention backend and the layers'
+forward_native paths (oneDNN-packed weights stay).
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def main() -> None:
         profiled = sum(by_op.values())
         for name, secs in sorted(by_op.items(), key=lambda kv: -kv[1])[: args.rows]:
             print(f"  {100 * secs / profiled:5.1f}%  {1e3 * secs / len(runs):8.2f} ms/forward  {name}")
+        # The forward's wall time that no operator accounts for: Python between the ops (module calls,
+        # the backends' bookkeeping), while the other threads wait; the profiler adds a little per op.
+        print(
+            f"  outside any operator (Python; the profiler's own cost included): "
+            f"{1e3 * (total - profiled) / len(runs):.2f} ms/forward"
+        )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,16 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ["norm.cpp", "activation.cpp", "rope.cpp", "decode.cpp", "extend.cpp", "gemm.cpp", "sampling.cpp", "torch_extension_cpu.cpp"]
+_SOURCES = [
+    "norm.cpp",
+    "activation.cpp",
+    "rope.cpp",
+    "decode.cpp",
+    "extend.cpp",
+    "gemm.cpp",
+    "sampling.cpp",
+    "torch_extension_cpu.cpp",
+]
 _HEADERS = ["common.h", "attention.h"]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {

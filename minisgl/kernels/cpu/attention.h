@@ -127,8 +127,8 @@ inline void score_keys(const float* q, int64_t d, const scalar_t* const* keys, f
 }
 
 // Pass 1 of attend_block when few query rows share each key (decode: one GQA group per KV head),
-// scores[r][t] = q_r . k_t, four keys at a time. Every row gets a score for every key of the block;
-// the softmax ignores those past a row's visible keys. Entries up to ld may be written (ld is a
+// scores[r][t] = q_r . k_t, four keys at a time. Every row gets a score for every key; the
+// softmax ignores those past a row's visible keys. Entries up to ld may be written (ld is a
 // multiple of kTileKeys).
 template <int kDim, typename scalar_t>
 void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const scalar_t* v_buf,
@@ -225,7 +225,7 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_
 constexpr int kValueVecs = 4;
 constexpr int kValueRows = kAccumulators / kValueVecs;
 
-// out[i * d + c] += sum_t p[i][t] * v_t[c] over keys [0, n), for ROWS query rows of one KV head and
+// out[i * d + c] = sum_t p[i][t] * v_t[c] over keys [0, n), for ROWS query rows of one KV head and
 // the NV vectors of the head starting at v_piece: each piece of v_t is loaded (and widened) once for
 // all the rows. (One row at a time, as before, read every value row once per query row; with AVX2
 // a 64-wide head took all the accumulators.) Rows that see fewer keys have p = 0 past them.
