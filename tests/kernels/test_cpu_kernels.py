@@ -15,6 +15,7 @@ from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.rotary_embedding import get_rope
+from minisgl.layers.sampler import argmax_rows
 from tests._models import tiny_model_dir
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
@@ -180,6 +181,9 @@ def test_argmax_cpu_matches_torch_argmax(vocab):
     assert ops.argmax_cpu(torch.empty(0, vocab)).shape == (0,)
     with pytest.raises(RuntimeError, match="argmax_cpu: expects float32"):
         ops.argmax_cpu(x.bfloat16())
+    # what the kernel does not take, argmax_rows leaves to torch.argmax
+    for other in (x.t(), x.bfloat16(), x[None]):
+        assert torch.equal(argmax_rows(other), torch.argmax(other, dim=-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
