@@ -24,6 +24,13 @@ its FLOPs over the fastest GEMM rate this CPU reaches in that dtype (probed in t
 after the engines, the faster kept), the time no engine can beat, and what share of it each engine gets.
 For minisgl it also prints the engine overhead of decode steps with >= 32 requests (step time outside
 the model forward).
+
+With --rounds N, minisgl, vLLM and llama.cpp (in the run's dtype) run N times each, taking turns
+(minisgl, vLLM, llama.cpp, minisgl, ...); HF and the Q4_1 row, references, run once. On a shared
+machine the speed drifts by tens of percent within minutes, so one run each can favour whichever
+engine ran in a quiet moment. Each engine's row is then its median round (tok/s with the range of
+all rounds), and minisgl / peer is the median of the rounds' own ratios, each taken between runs
+a few minutes apart.
 """
 
 from __future__ import annotations
@@ -31,10 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,149 +48,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from offline_engines import worker_main  # noqa: E402
 from roofline import best_of  # noqa: E402
 from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# ---- one engine per process: `--engine NAME` runs it and prints one JSON line ----------------------
-
-
-def run_minisgl(path, workload, dtype, max_total_tokens):
-    from minisgl.entrypoints.engine import Engine
-
-    start = time.perf_counter()
-    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens)
-    engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # first token: startup ends here
-    startup = time.perf_counter() - start
-    prompts = [p for p, _ in workload]
-    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
-    overhead = _instrument_decode_overhead(engine)
-    start = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
-    elapsed = time.perf_counter() - start
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    assert tokens == sum(n for _, n in workload)
-    engine.shutdown()
-    return {
-        "tok_s": tokens / elapsed,
-        "startup_s": startup,
-        "overhead": overhead.summary(),
-        "outputs": [o["output_ids"] for o in outs],
-    }
-
-
-class _DecodeOverhead:
-    """Times whole scheduler steps and the model forward inside them, for decode batches of
-    at least `min_bs` requests: engine overhead = 1 - forward / step."""
-
-    def __init__(self, min_bs: int = 32) -> None:
-        self.min_bs, self.step_s, self.forward_s, self.steps = min_bs, 0.0, 0.0, 0
-        self._forward_this_step = 0.0
-        self._big_decode = False
-
-    def summary(self) -> str:
-        if not self.steps:
-            return f"no decode step with >= {self.min_bs} requests"
-        share = 1 - self.forward_s / self.step_s
-        return (
-            f"{self.steps} decode steps with >= {self.min_bs} requests: "
-            f"{1e3 * self.step_s / self.steps:.1f} ms/step, model forward {1e3 * self.forward_s / self.steps:.1f} ms, "
-            f"engine overhead {100 * share:.1f}%"
-        )
-
-
-def _instrument_decode_overhead(engine) -> _DecodeOverhead:
-    """Wrap the scheduler's step and the worker's model_runner.forward with timers (benchmark only)."""
-    stats = _DecodeOverhead()
-    scheduler, runner = engine.scheduler, engine.scheduler.tp_worker.model_runner
-    step, forward = scheduler.step, runner.forward
-
-    def timed_forward(forward_batch):
-        start = time.perf_counter()
-        out = forward(forward_batch)
-        stats._forward_this_step = time.perf_counter() - start
-        stats._big_decode = forward_batch.forward_mode.is_decode() and forward_batch.batch_size >= stats.min_bs
-        return out
-
-    def timed_step():
-        stats._big_decode = False
-        start = time.perf_counter()
-        out = step()
-        if stats._big_decode:
-            stats.step_s += time.perf_counter() - start
-            stats.forward_s += stats._forward_this_step
-            stats.steps += 1
-        return out
-
-    scheduler.step, runner.forward = timed_step, timed_forward
-    return stats
-
-
-def _hf_model(path, dtype):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-
-
-@torch.no_grad()
-def bench_hf_one_at_a_time(model, workload):
-    tokens, start = 0, time.perf_counter()
-    for prompt, n in workload:
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )
-        tokens += out.shape[1] - len(prompt)
-    return tokens / (time.perf_counter() - start)
-
-
-@torch.no_grad()
-def bench_hf_padded(model, workload, batch_size):
-    """Left-padded batches; each batch runs to its longest output (HF's generate cannot stop rows
-    early without EOS), but only each request's own tokens are counted."""
-    tokens, start = 0, time.perf_counter()
-    for i in range(0, len(workload), batch_size):
-        chunk = workload[i : i + batch_size]
-        width = max(len(p) for p, _ in chunk)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
-        longest = max(n for _, n in chunk)
-        model.generate(
-            ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=0
-        )
-        tokens += sum(n for _, n in chunk)
-    return tokens / (time.perf_counter() - start)
-
-
-@torch.no_grad()
-def run_hf(path, workload, dtype, mode, batch_size):
-    start = time.perf_counter()
-    model = _hf_model(path, dtype)
-    model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
-    startup = time.perf_counter() - start
-    tok_s = bench_hf_one_at_a_time(model, workload) if mode == "one" else bench_hf_padded(model, workload, batch_size)
-    return {"tok_s": tok_s, "startup_s": startup}
-
-
-def worker_main(args, workload_kwargs) -> None:
-    torch.set_num_threads(args.threads or torch.get_num_threads())
-    workload = make_workload(**workload_kwargs)
-    if args.engine == "minisgl":
-        out = run_minisgl(args.model_path, workload, args.dtype, args.max_total_tokens)
-    elif args.engine == "hf-one":
-        out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
-    else:
-        out = run_hf(args.model_path, workload, args.dtype, "padded", int(args.engine.removeprefix("hf-padded-")))
-    out["peak_rss_mb"] = peak_rss_mb()
-    print("RESULT " + json.dumps(out), flush=True)
-
-
-# ---- the orchestrator ---------------------------------------------------------------------------
 
 
 def engine_cmd(engine: str, dtype: str, args, threads: int) -> list[str]:
@@ -248,6 +116,20 @@ def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
     return best
 
 
+def median_round(runs: list[dict | None]) -> dict | None:
+    """The round with the median tokens/s of those that ran (for an even count, the faster of the
+    middle two), with every round's range: its startup, RSS and outputs are one real run's."""
+    ok = sorted((r for r in runs if r), key=lambda r: r["tok_s"])
+    if not ok:
+        return None
+    return {**ok[len(ok) // 2], "tok_s_range": (ok[0]["tok_s"], ok[-1]["tok_s"]), "rounds": len(ok)}
+
+
+def round_ratios(ours: list[dict | None], peer: list[dict | None]) -> list[float]:
+    """minisgl / peer within each round where both ran."""
+    return [a["tok_s"] / b["tok_s"] for a, b in zip(ours, peer) if a and b]
+
+
 def agreement(a: list[list[int]], b: list[list[int]]) -> str:
     same = sum(x == y for x, y in zip(a, b))
     return f"{same}/{len(a)} requests with identical greedy tokens"
@@ -277,6 +159,7 @@ def main() -> None:
         default=str(ROOT / ".venv-llamacpp" / "bin" / "llama-server"),
         help="llama.cpp's server binary (scripts/setup_llama_cpp.sh); skipped if absent",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of minisgl, vLLM and llama.cpp each, in turn")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
@@ -330,16 +213,7 @@ def main() -> None:
         # taken in a slow moment would lower the floor and flatter every engine.
         print(f"\n== {dtype}")
         probe_before = best_gemm_rate(config, dtype)
-        results: dict[str, dict] = {}
-        results["minisgl"] = run_in_subprocess(own("minisgl", dtype))
-        if args.hf_one_at_a_time:
-            results["HF one at a time"] = run_in_subprocess(own("hf-one", dtype))
-        padded = {}
-        for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
-            padded[bs] = run_in_subprocess(own(f"hf-padded-{bs}", dtype))
-        if any(padded.values()):
-            bs = max((b for b in padded if padded[b]), key=lambda b: padded[b]["tok_s"])
-            results[f"HF padded (best: batch {bs})"] = padded[bs]
+        contenders = {"minisgl": lambda: run_in_subprocess(own("minisgl", dtype))}  # run in rounds
         if Path(args.vllm_python).exists():
             cmd = [
                 args.vllm_python,
@@ -352,33 +226,50 @@ def main() -> None:
                 json.dumps(workload_kwargs),
             ]
             cpus = f"0-{threads - 1}"  # vLLM keeps a core for itself unless told to bind them all
-            results["vLLM CPU"] = run_in_subprocess(cmd, env={"VLLM_CPU_OMP_THREADS_BIND": cpus})
+            contenders["vLLM CPU"] = lambda: run_in_subprocess(cmd, env={"VLLM_CPU_OMP_THREADS_BIND": cpus})
         else:
             print(f"  vLLM CPU: not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
-        if Path(args.llama_server).exists() and source_gguf:
+        has_llama = Path(args.llama_server).exists() and source_gguf
 
-            def llama(precision: str) -> dict | None:
-                cmd = [
-                    sys.executable,
-                    str(Path(__file__).parent / "peer_llama_cpp.py"),
-                    "--gguf",
-                    source_gguf,
-                    "--dtype",
-                    precision,
-                    "--server",
-                    args.llama_server,
-                    "--threads",
-                    str(threads),
-                    "--workload",
-                    json.dumps(workload_kwargs),
-                ]
-                return run_in_subprocess(cmd)
+        def llama(precision: str) -> dict | None:
+            cmd = [
+                sys.executable,
+                str(Path(__file__).parent / "peer_llama_cpp.py"),
+                "--gguf",
+                source_gguf,
+                "--dtype",
+                precision,
+                "--server",
+                args.llama_server,
+                "--threads",
+                str(threads),
+                "--workload",
+                json.dumps(workload_kwargs),
+            ]
+            return run_in_subprocess(cmd)
 
-            results[f"llama.cpp {dtype}"] = llama(dtype)
-            llama_q4_1 = llama_q4_1 or llama("q4_1")
-            results["llama.cpp Q4_1 (reference)"] = llama_q4_1
+        if has_llama:
+            contenders[f"llama.cpp {dtype}"] = lambda: llama(dtype)
         else:
             print(f"  llama.cpp: no {args.llama_server} (scripts/setup_llama_cpp.sh) or no GGUF source for the model")
+        rounds: dict[str, list[dict | None]] = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name, run in contenders.items():
+                rounds[name].append(run())
+
+        results: dict[str, dict | None] = {"minisgl": median_round(rounds["minisgl"])}
+        if args.hf_one_at_a_time:
+            results["HF one at a time"] = run_in_subprocess(own("hf-one", dtype))
+        padded = {}
+        for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
+            padded[bs] = run_in_subprocess(own(f"hf-padded-{bs}", dtype))
+        if any(padded.values()):
+            bs = max((b for b in padded if padded[b]), key=lambda b: padded[b]["tok_s"])
+            results[f"HF padded (best: batch {bs})"] = padded[bs]
+        results.update({name: median_round(runs) for name, runs in rounds.items() if name != "minisgl"})
+        if has_llama:
+            llama_q4_1 = llama_q4_1 or llama("q4_1")
+            results["llama.cpp Q4_1 (reference)"] = llama_q4_1
 
         probe_after = best_gemm_rate(config, dtype)
         rate, how = max(probe_before, probe_after)
@@ -389,22 +280,28 @@ def main() -> None:
             f"probed at {probe_before[0] / 1e9:.0f} before the engines and {probe_after[0] / 1e9:.0f} after)"
         )
         ours = results["minisgl"]
-        print(f"  {'engine':30s} {'tok/s':>8s} {'startup':>8s} {'peak RSS':>9s} {'of floor':>9s} {'minisgl/this':>13s}")
+        print(
+            f"  {'engine':30s} {'tok/s':>8s} {'range':>13s} {'startup':>8s} {'peak RSS':>9s} {'of floor':>9s} "
+            f"{'minisgl/this':>13s}"
+        )
+        ratios = {name: round_ratios(rounds["minisgl"], runs) for name, runs in rounds.items()}
         for name, r in results.items():
             if r is None:
                 print(f"  {name:30s} {'failed':>8s}")
                 continue
-            ratio = f"{ours['tok_s'] / r['tok_s']:.2f}" if ours else "-"
+            ratio = statistics.median(ratios[name]) if ratios.get(name) else ours and ours["tok_s"] / r["tok_s"]
+            spread = f"{r['tok_s_range'][0]:.0f}-{r['tok_s_range'][1]:.0f} ({r['rounds']})" if "rounds" in r else ""
             print(
-                f"  {name:30s} {r['tok_s']:8.1f} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
-                f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {ratio:>13s}"
+                f"  {name:30s} {r['tok_s']:8.1f} {spread:>13s} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
+                f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {f'{ratio:.2f}' if ours else '-':>13s}"
             )
         if ours:
             print(f"  minisgl {ours['overhead']}")
             for peer in ("vLLM CPU", f"llama.cpp {dtype}"):
-                if results.get(peer):
+                if results.get(peer) and ratios[peer]:
+                    each = ", ".join(f"{x:.2f}" for x in ratios[peer])
                     print(
-                        f"  minisgl / {peer}: {ours['tok_s'] / results[peer]['tok_s']:.2f}x; "
+                        f"  minisgl / {peer}: {statistics.median(ratios[peer]):.2f}x (rounds: {each}); "
                         f"{agreement(ours['outputs'], results[peer]['outputs'])}"
                     )
             print(f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the compute floor")

@@ -21,7 +21,7 @@ the same workload (bench_offline.py's minisgl run, in its own process), for the 
 offline: what HTTP, streaming and detokenization cost at this concurrency. HF ``generate`` one request
 at a time on the first --hf-requests requests, timed per token by a streamer (TTFT, ITL, E2E with
 no queueing: the best latency one process gets), and HF left-padded batches of all requests
-(bench_offline.bench_hf_padded, best of --hf-batch-sizes). Ratios are minisgl / HF: above 1 is
+(offline_engines.bench_hf_padded, best of --hf-batch-sizes). Ratios are minisgl / HF: above 1 is
 better for throughput, below 1 is better for latency. minisgl's latencies include queueing behind
 the other clients, HF one-at-a-time's do not.
 """
@@ -50,7 +50,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import httpx  # noqa: E402
 import torch  # noqa: E402
-from bench_offline import _hf_model, bench_hf_padded, engine_cmd, run_in_subprocess  # noqa: E402
+from bench_offline import engine_cmd, run_in_subprocess  # noqa: E402
+from offline_engines import _hf_model, bench_hf_padded  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
