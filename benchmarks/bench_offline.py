@@ -290,7 +290,9 @@ def main() -> None:
                 print(f"  {name:30s} {'failed':>8s}")
                 continue
             ratio = statistics.median(ratios[name]) if ratios.get(name) else ours and ours["tok_s"] / r["tok_s"]
-            spread = f"{r['tok_s_range'][0]:.0f}-{r['tok_s_range'][1]:.0f} ({r['rounds']})" if "rounds" in r else ""
+            spread = (
+                f"{r['tok_s_range'][0]:.0f}-{r['tok_s_range'][1]:.0f} ({r['rounds']})" if r.get("rounds", 1) > 1 else ""
+            )
             print(
                 f"  {name:30s} {r['tok_s']:8.1f} {spread:>13s} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB "
                 f"{100 * r['tok_s'] / floor_tok_s:8.0f}% {f'{ratio:.2f}' if ours else '-':>13s}"
@@ -299,9 +301,9 @@ def main() -> None:
             print(f"  minisgl {ours['overhead']}")
             for peer in ("vLLM CPU", f"llama.cpp {dtype}"):
                 if results.get(peer) and ratios[peer]:
-                    each = ", ".join(f"{x:.2f}" for x in ratios[peer])
+                    each = f" (rounds: {', '.join(f'{x:.2f}' for x in ratios[peer])})" if args.rounds > 1 else ""
                     print(
-                        f"  minisgl / {peer}: {statistics.median(ratios[peer]):.2f}x (rounds: {each}); "
+                        f"  minisgl / {peer}: {statistics.median(ratios[peer]):.2f}x{each}; "
                         f"{agreement(ours['outputs'], results[peer]['outputs'])}"
                     )
             print(f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the compute floor")
