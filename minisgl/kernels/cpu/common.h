@@ -131,17 +131,30 @@ inline void round_in_place(float* x, int64_t n) {
   }
 }
 
-// max(x[0], ..., x[n - 1]) for n >= 1 (std::max_element is scalar: it has to track where the max is).
+// max(x[0], ..., x[n - 1]) for n >= 1, NaN if any x[i] is NaN, as torch.max (std::max_element is
+// scalar, since it tracks where the max is, and std::max drops a NaN in its second argument).
+// at::vec::maximum propagates NaN lane by lane. Four accumulators: one is a chain of dependent
+// max/compare/or steps, which a 2-core AMD EPYC ran at half the speed on a 49,152-logit row.
 inline float max_of(const float* x, int64_t n) {
   using Vec = at::vec::Vectorized<float>;
+  constexpr int64_t kStep = 4 * Vec::size();
+  const auto fold = [](float m, float v) { return std::isnan(m) || m >= v ? m : v; };
   float m = x[0];
   int64_t i = 0;
-  if (n >= Vec::size()) {
-    Vec vmax = Vec::loadu(x);
-    for (i = Vec::size(); i + Vec::size() <= n; i += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(x + i));
-    m = vmax.reduce_max();
+  if (n >= kStep) {
+    Vec m0 = Vec::loadu(x), m1 = Vec::loadu(x + Vec::size()), m2 = Vec::loadu(x + 2 * Vec::size()),
+        m3 = Vec::loadu(x + 3 * Vec::size());
+    for (i = kStep; i + kStep <= n; i += kStep) {
+      m0 = at::vec::maximum(m0, Vec::loadu(x + i));
+      m1 = at::vec::maximum(m1, Vec::loadu(x + i + Vec::size()));
+      m2 = at::vec::maximum(m2, Vec::loadu(x + i + 2 * Vec::size()));
+      m3 = at::vec::maximum(m3, Vec::loadu(x + i + 3 * Vec::size()));
+    }
+    float lanes[Vec::size()];
+    at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3)).store(lanes);
+    for (float lane : lanes) m = fold(m, lane);
   }
-  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (; i < n; ++i) m = fold(m, x[i]);
   return m;
 }
 

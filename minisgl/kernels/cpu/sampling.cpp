@@ -17,23 +17,11 @@ at::Tensor argmax_cpu(const at::Tensor& logits) {
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
   const float* x = logits.data_ptr<float>();
   int64_t* idx = out.data_ptr<int64_t>();
-  using Vec = at::vec::Vectorized<float>;
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * stride;
-      // The row's maximum, NaN where it has one: at::vec::maximum propagates NaN, and so does fold.
-      const auto fold = [](float m, float v) { return std::isnan(m) || m >= v ? m : v; };
-      float m = row[0];
+      const float m = max_of(row, vocab);  // NaN where the row has one
       int64_t i = 0;
-      if (vocab >= Vec::size()) {
-        Vec vmax = Vec::loadu(row);
-        for (i = Vec::size(); i + Vec::size() <= vocab; i += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(row + i));
-        float lanes[Vec::size()];
-        vmax.store(lanes);
-        for (float lane : lanes) m = fold(m, lane);
-      }
-      for (; i < vocab; ++i) m = fold(m, row[i]);
-      i = 0;
       if (std::isnan(m)) {
         while (!std::isnan(row[i])) ++i;
       } else {
