@@ -133,8 +133,9 @@ inline void round_in_place(float* x, int64_t n) {
 
 // max(x[0], ..., x[n - 1]) for n >= 1, NaN if any x[i] is NaN, as torch.max (std::max_element is
 // scalar, since it tracks where the max is, and std::max drops a NaN in its second argument).
-// at::vec::maximum propagates NaN lane by lane. Four accumulators: one is a chain of dependent
-// max/compare/or steps, which a 2-core AMD EPYC ran at half the speed on a 49,152-logit row.
+// at::vec::maximum propagates NaN lane by lane. Four accumulators: with one (a chain of dependent
+// max/compare/or steps), argmax_cpu took 1.2 ms through this function on 48 x 49,152 logits on a
+// 2-core AMD EPYC, against 0.6 ms for its own loop before; with four, 0.54 against 0.56.
 inline float max_of(const float* x, int64_t n) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t kStep = 4 * Vec::size();
