@@ -142,15 +142,15 @@ inline float max_of(const float* x, int64_t n) {
   const auto fold = [](float m, float v) { return std::isnan(m) || m >= v ? m : v; };
   float m = x[0];
   int64_t i = 0;
-  if (n >= kStep) {
-    Vec m0 = Vec::loadu(x), m1 = Vec::loadu(x + Vec::size()), m2 = Vec::loadu(x + 2 * Vec::size()),
-        m3 = Vec::loadu(x + 3 * Vec::size());
-    for (i = kStep; i + kStep <= n; i += kStep) {
+  if (n >= Vec::size()) {
+    Vec m0 = Vec::loadu(x), m1 = m0, m2 = m0, m3 = m0;  // a repeated value cannot change a max
+    for (i = Vec::size(); i + kStep <= n; i += kStep) {
       m0 = at::vec::maximum(m0, Vec::loadu(x + i));
       m1 = at::vec::maximum(m1, Vec::loadu(x + i + Vec::size()));
       m2 = at::vec::maximum(m2, Vec::loadu(x + i + 2 * Vec::size()));
       m3 = at::vec::maximum(m3, Vec::loadu(x + i + 3 * Vec::size()));
     }
+    for (; i + Vec::size() <= n; i += Vec::size()) m0 = at::vec::maximum(m0, Vec::loadu(x + i));
     float lanes[Vec::size()];
     at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3)).store(lanes);
     for (float lane : lanes) m = fold(m, lane);
