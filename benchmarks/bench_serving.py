@@ -51,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import torch  # noqa: E402
 from bench_offline import engine_cmd, run_in_subprocess  # noqa: E402
-from offline_engines import _hf_model, bench_hf_padded  # noqa: E402
+from offline_engines import bench_hf_padded, load_hf_model  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ def main() -> None:
     if not (args.hf_requests or sizes):
         return
     start = time.perf_counter()
-    model = _hf_model(path, args.dtype)
+    model = load_hf_model(path, args.dtype)
     print(f"HF load time {time.perf_counter() - start:.1f}s")
     if args.hf_requests:
         subset = workload[: args.hf_requests]

@@ -89,7 +89,7 @@ def _instrument_decode_overhead(engine) -> _DecodeOverhead:
     return stats
 
 
-def _hf_model(path, dtype):
+def load_hf_model(path, dtype):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
@@ -127,7 +127,7 @@ def bench_hf_padded(model, workload, batch_size):
 @torch.no_grad()
 def run_hf(path, workload, dtype, mode, batch_size):
     start = time.perf_counter()
-    model = _hf_model(path, dtype)
+    model = load_hf_model(path, dtype)
     model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
     startup = time.perf_counter() - start
     tok_s = bench_hf_one_at_a_time(model, workload) if mode == "one" else bench_hf_padded(model, workload, batch_size)
