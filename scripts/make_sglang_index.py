@@ -5,13 +5,18 @@ against this file, so it ships with the project and a bare clone runs every chec
 facts only, never code: for each file under python/sglang/srt/, its length, the line of each
 top-level class and function and of each method (as `Class.method`), and the srt packages it
 imports at module level (outside `if TYPE_CHECKING:`). For the methods the book reads call by
-call (KEY_METHODS) it also lists each callee at the line of its first call, and for a few files
-the lines that read an attribute chain the book counts (ATTRIBUTE_READS).
+call (KEY_METHODS) it also lists each callee at the line of its first call, and for the Scheduler
+class and its mixins the lines that read a `model_runner` or call its `forward` (SCHEDULER_CLASSES).
 
     python scripts/make_sglang_index.py --repo PATH_TO_SGLANG [--commit 64bca53...] [--check]
 
 PATH_TO_SGLANG is a checkout or a bare git directory of SGLang; the commit must resolve there.
 --check compares with the committed file and exits 1 if they differ.
+
+    python scripts/make_sglang_index.py --update-from PATH/sglang/srt --only FILE [FILE ...]
+
+re-reads only the named files from an unpacked copy (the sglang 0.5.9 wheel matches the pin in
+most files), refusing any file whose known facts differ from the committed index.
 """
 
 from __future__ import annotations
@@ -59,10 +64,27 @@ KEY_METHODS = {
     "managers/scheduler_output_processor_mixin.py": ["SchedulerOutputProcessorMixin.maybe_collect_routed_experts"],
     "speculative/eagle_worker_v2.py": ["EagleDraftWorker.__init__"],
 }
-# file -> attribute chains whose every occurrence is listed with its line.
-ATTRIBUTE_READS = {
-    "managers/scheduler.py": ["self.tp_worker.model_runner", "self.draft_worker.model_runner"],
+# Claim C1 counts how often SGLang's Scheduler reaches past its worker to a runner. The Scheduler
+# class is assembled from these classes (scheduler.py:251 lists the mixins), so each one's file
+# lists every read of an attribute chain ending in `.model_runner` inside that class ("reads"),
+# and every call of a runner's `forward` there ("forward_calls").
+SCHEDULER_CLASSES = {
+    "managers/scheduler.py": "Scheduler",
+    "managers/scheduler_output_processor_mixin.py": "SchedulerOutputProcessorMixin",
+    "managers/scheduler_update_weights_mixin.py": "SchedulerUpdateWeightsMixin",
+    "managers/scheduler_profiler_mixin.py": "SchedulerProfilerMixin",
+    "managers/scheduler_metrics_mixin.py": "SchedulerMetricsMixin",
+    "disaggregation/decode.py": "SchedulerDisaggregationDecodeMixin",
+    "disaggregation/prefill.py": "SchedulerDisaggregationPrefillMixin",
+    "multiplex/multiplexing_mixin.py": "SchedulerMultiplexMixin",
+    "managers/scheduler_runtime_checker_mixin.py": "SchedulerRuntimeCheckerMixin",
+    "managers/scheduler_pp_mixin.py": "SchedulerPPMixin",
+    "managers/scheduler_dp_attn_mixin.py": "SchedulerDPAttnMixin",
+    "dllm/mixin/scheduler.py": "SchedulerDllmMixin",
 }
+# Classes whose runner `forward` calls are all listed, not only the first (KEY_METHODS's rule):
+# the worker calls it once for pipeline parallelism's last rank and once for the others.
+FORWARD_CALLS = {"managers/tp_worker.py": "TpModelWorker"}
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -149,14 +171,23 @@ def index_file(rel: str, source: str) -> dict:
         calls[method] = _calls(nodes[method])
     if calls:
         entry["calls"] = calls
-    reads = []
-    for chain in ATTRIBUTE_READS.get(rel, []):
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and ast.unparse(node) == chain:
-                reads.append([node.lineno, chain])
-    if reads:
-        entry["reads"] = sorted(reads)
+    if rel in SCHEDULER_CLASSES:
+        entry.update(_runner_uses(nodes[SCHEDULER_CLASSES[rel]], reads=True))
+    if rel in FORWARD_CALLS:
+        entry.update(_runner_uses(nodes[FORWARD_CALLS[rel]], reads=False))
     return entry
+
+
+def _runner_uses(cls: ast.AST, reads: bool) -> dict:
+    """Calls of `<...>model_runner.forward` inside a class and, with `reads`, reads of `<chain>.model_runner`."""
+    reads_, forwards = [], []
+    for node in ast.walk(cls):
+        if reads and isinstance(node, ast.Attribute) and node.attr == "model_runner":
+            reads_.append([node.lineno, ast.unparse(node)])
+        if isinstance(node, ast.Call) and (_call_name(node.func) or "").split(".")[-2:] == ["model_runner", "forward"]:
+            forwards.append([node.lineno, _call_name(node.func)])
+    out = {"reads": sorted(reads_)} if reads_ else {}
+    return out | ({"forward_calls": sorted(forwards)} if forwards else {})
 
 
 def build(repo: Path, commit: str) -> dict:
@@ -174,7 +205,7 @@ def build(repo: Path, commit: str) -> dict:
         blob = raw[header_end + 1 : header_end + 1 + size]
         pos = header_end + 1 + size + 1
         files[path[len(SRT) :]] = index_file(path[len(SRT) :], blob.decode("utf-8").removeprefix("\ufeff"))
-    missing = [rel for rel in {**KEY_METHODS, **ATTRIBUTE_READS} if rel not in files]
+    missing = [rel for rel in {**KEY_METHODS, **SCHEDULER_CLASSES, **FORWARD_CALLS} if rel not in files]
     if missing:
         raise SystemExit(f"not at this commit: {missing}")
     return {"commit": full, "root": SRT, "files": files}
@@ -191,13 +222,34 @@ def render(index: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def update(srt: Path, rels: list[str]) -> dict:
+    """The committed index with `rels` re-read from an unpacked copy of srt/ (a release wheel's).
+
+    A file is taken only where everything the committed index already knows of it (length,
+    definitions with their lines, imports, calls) is the same, the evidence that the copy is
+    the file at the pinned commit; any other file is refused by name.
+    """
+    index = json.loads(OUT.read_text(encoding="utf-8"))
+    for rel in rels:
+        fresh = index_file(rel, (srt / rel).read_text(encoding="utf-8").removeprefix("\ufeff"))
+        known = {k: v for k, v in index["files"][rel].items() if k not in ("reads", "forward_calls")}
+        if {k: fresh.get(k) for k in known} != known or set(fresh) - set(known) - {"reads", "forward_calls"}:
+            raise SystemExit(f"{srt / rel} is not the file at {COMMIT[:7]}: build from a checkout (--repo)")
+        index["files"][rel] = fresh
+    return index
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repo", type=Path, required=True, help="an SGLang checkout or bare git directory")
+    ap.add_argument("--repo", type=Path, help="an SGLang checkout or bare git directory")
     ap.add_argument("--commit", default=COMMIT)
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed index differs")
+    ap.add_argument("--update-from", type=Path, metavar="SRT", help="re-read only --only's files from this srt/ copy")
+    ap.add_argument("--only", nargs="+", default=[], metavar="FILE", help="files under srt/, for --update-from")
     args = ap.parse_args()
-    text = render(build(args.repo, args.commit))
+    if (args.repo is None) == (args.update_from is None):
+        ap.error("give --repo, or --update-from with --only")
+    text = render(update(args.update_from, args.only) if args.update_from else build(args.repo, args.commit))
     if args.check:
         same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text
         print("index is up to date" if same else f"{OUT} differs from a fresh build")
