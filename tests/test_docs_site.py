@@ -479,3 +479,41 @@ def test_search_finds_pages_in_each_edition(server, browser, locale, query, page
     browser.wait_for("Page.loadEventFired")
     hits = browser.evaluate(f"{_SEARCH.strip()}({json.dumps(query)})") or []
     assert any(h.startswith(f"{server}/{page}") for h in hits), f"searching {query!r} found {hits[:10]}"
+
+
+# Each <text> of a figure, measured as Chromium draws it (its own font, not matplotlib's metrics),
+# in the SVG's user units, against the view box.
+_SVG_TEXT_OUTSIDE = """
+(() => {
+  const svg = document.querySelector('svg');
+  const vb = svg.viewBox.baseVal;
+  const box = svg.getBoundingClientRect();
+  const sx = vb.width / box.width, sy = vb.height / box.height;
+  return Array.from(svg.querySelectorAll('text')).map(t => {
+    const r = t.getBoundingClientRect();
+    return {text: t.textContent, x0: vb.x + (r.left - box.left) * sx, y0: vb.y + (r.top - box.top) * sy,
+            x1: vb.x + (r.right - box.left) * sx, y1: vb.y + (r.bottom - box.top) * sy,
+            w: vb.width, h: vb.height, vx: vb.x, vy: vb.y};
+  }).filter(b => b.text.trim() && (b.x0 < b.vx - 0.5 || b.y0 < b.vy - 0.5
+                                   || b.x1 > b.vx + b.w + 0.5 || b.y1 > b.vy + b.h + 0.5));
+})()
+"""
+
+
+def test_every_figure_keeps_its_text_inside_its_view_box(server, browser):
+    """A label drawn past the view box is clipped on the page (a title cut off at the top, say)."""
+    figures = sorted((REPO / "docs" / "assets" / "figures").glob("*.svg"))
+    assert figures
+    problems = []
+    for svg in figures:
+        browser.events.clear()
+        browser.call("Page.navigate", url=f"{server}/assets/figures/{svg.name}")
+        browser.wait_for("Page.loadEventFired")
+        for b in browser.evaluate(_SVG_TEXT_OUTSIDE) or []:
+            problems.append(
+                f"{svg.name}: {b['text']!r} spans x {b['x0']:.1f}..{b['x1']:.1f}, y {b['y0']:.1f}..{b['y1']:.1f}"
+                f" outside the view box {b['vx']:g} {b['vy']:g} {b['w']:g} {b['h']:g}"
+            )
+    assert not problems, (
+        "figure text outside its view box (redraw with python -m minisgl.tools.make_figures):\n" + "\n".join(problems)
+    )
