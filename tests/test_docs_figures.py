@@ -2,9 +2,9 @@
 
 `python -m minisgl.tools.make_figures` runs the engine on tiny checkpoints, saves the data
 as docs/assets/figures/data.json, draws the SVGs beside it, and writes the request-life
-sequence diagram into docs/chapters/serving.md. This test does the same into a temporary
-folder and compares: the data, each SVG byte for byte (the SVGs are deterministic), and
-the diagram in the chapter. Every figure must also be shown on some page.
+sequence diagram into both editions of the serving chapter. This test does the same into a
+temporary folder and compares: the data, each SVG byte for byte (the SVGs are deterministic),
+and the diagram in each chapter. Every figure must also be shown in each edition.
 """
 
 from __future__ import annotations
@@ -59,16 +59,21 @@ def test_svgs_are_fresh(fresh):
     assert not stale, f"{stale} differ from a fresh drawing: {REFRESH}"
 
 
-def test_request_life_diagram_is_fresh(fresh):
+@pytest.mark.parametrize("page", make_figures.SERVING_PAGES, ids=lambda p: p.name)
+def test_request_life_diagram_is_fresh(fresh, page):
+    """Both editions of the serving chapter show the diagram drawn from today's trace."""
     _, data = fresh
-    chapter = make_figures.SERVING.read_text(encoding="utf-8")
+    chapter = page.read_text(encoding="utf-8")
     diagram = make_figures.request_life_mermaid(data["request_life"])
-    assert make_figures.with_request_life(chapter, diagram) == chapter, f"the request-life diagram changed: {REFRESH}"
+    assert make_figures.with_request_life(chapter, diagram) == chapter, f"{page.name}: the diagram changed: {REFRESH}"
     for who in ("TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"):
         assert f"participant {who} " in diagram
 
 
-def test_every_figure_is_on_a_page():
-    pages = "".join(p.read_text(encoding="utf-8") for p in (make_figures.REPO / "docs").rglob("*.md"))
+@pytest.mark.parametrize("suffix", [".md", ".zh.md"], ids=["en", "zh"])
+def test_every_figure_is_on_a_page(suffix):
+    """Each figure is shown in each edition (tests/test_docs_parity.py checks they show the same ones)."""
+    paths = [p for p in (make_figures.REPO / "docs").rglob("*.md") if p.name.endswith(".zh.md") == (suffix == ".zh.md")]
+    pages = "".join(p.read_text(encoding="utf-8") for p in paths)
     unused = [p.name for p in make_figures.FIGURES.glob("*.svg") if f"assets/figures/{p.name}" not in pages]
-    assert not unused, f"figures no page shows: {unused}"
+    assert not unused, f"figures no {suffix} page shows: {unused}"

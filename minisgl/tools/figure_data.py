@@ -141,6 +141,82 @@ def extend_attention(llama: str) -> dict:
     return {"requests": seen[0]}
 
 
+def kv_indices(llama: str) -> dict:
+    """Chapter 5: the flat slot list a paged kernel reads, built from one real decode batch.
+
+    The batch runs on torch_native; its ForwardBatch is handed to TritonAttnBackend's own
+    init_forward_metadata (torch ops only, no Triton kernel runs), the code every decode
+    step of the Triton backend goes through.
+    """
+    from minisgl.layers.attention.triton_backend import TritonAttnBackend
+
+    engine = _engine(llama, max_total_tokens=64)
+    engine.generate(input_ids=[10, 11, 12, 13, 14], sampling_params={"temperature": 0, "max_new_tokens": 1})
+    runner = engine.scheduler.tp_worker.model_runner
+    seen = []
+    original = runner.attn_backend.init_forward_metadata
+
+    def record(forward_batch):
+        if forward_batch.forward_mode.name == "DECODE" and not seen:
+            triton = TritonAttnBackend(runner)
+            triton.init_forward_metadata(forward_batch)
+            lens = forward_batch.seq_lens.tolist()
+            rows = forward_batch.req_pool_indices.tolist()
+            table = forward_batch.req_to_token_pool.req_to_token
+            seen.append(
+                {
+                    "req_pool_indices": rows,
+                    "seq_lens": lens,
+                    "req_to_token": [table[r, :n].tolist() for r, n in zip(rows, lens)],
+                    "kv_indptr": triton.forward_metadata.kv_indptr.tolist(),
+                    "kv_indices": triton.forward_metadata.kv_indices.tolist(),
+                }
+            )
+        return original(forward_batch)
+
+    runner.attn_backend.init_forward_metadata = record
+    prompts = [[10, 11, 12, 13, 20, 21], [30, 31, 32], [40, 41]]
+    engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
+    return {"prompts": prompts, **seen[0]}
+
+
+# Chapter 1's figure: each config.json field the personality is made of, and what it becomes.
+CONFIG_TO_PERSONALITY = [
+    ("architectures", "is_generation"),
+    ("dtype", "dtype"),
+    ("max_position_embeddings", "context_len"),
+    ("num_hidden_layers", "num_hidden_layers"),
+    ("num_key_value_heads", "num_key_value_heads"),
+    ("head_dim", "head_dim"),
+    ("num_local_experts", "num_experts"),
+    ("num_experts_per_tok", "num_experts_per_tok"),
+    ("eos_token_id", "hf_eos_token_id"),
+]
+
+
+def model_config(qwen3_moe: str) -> dict:
+    """Chapter 1: config.json fields, the personality ModelConfig makes of them, and the pools sized by it."""
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(qwen3_moe) / "config.json").read_text(encoding="utf-8"))
+    engine = _engine(qwen3_moe, max_total_tokens=64)
+    runner = engine.scheduler.tp_worker.model_runner
+    mc = runner.model_config
+
+    def value(name):
+        v = getattr(mc, name)
+        return sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if name == "dtype" else v
+
+    return {
+        "fields": [[key, raw.get(key), name, value(name)] for key, name in CONFIG_TO_PERSONALITY],
+        "is_moe": mc.is_moe,
+        "req_to_token": list(runner.req_to_token_pool.req_to_token.shape),
+        "kv_layers": len(runner.token_to_kv_pool.k_buffer),
+        "k_buffer": list(runner.token_to_kv_pool.k_buffer[0].shape),
+    }
+
+
 PARTICIPANTS = ["HTTP server", "TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"]
 
 

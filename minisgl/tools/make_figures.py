@@ -1,7 +1,7 @@
 """Draw the book's figures from running code (needs matplotlib, a dev dependency).
 
-    python -m minisgl.tools.make_figures            # rewrite docs/assets/figures/ and the
-                                                    # request-life diagram in chapters/serving.md
+    python -m minisgl.tools.make_figures            # rewrite docs/assets/figures/ and the request-life
+                                                    # diagram in chapters/serving.md and serving.zh.md
     python -m minisgl.tools.make_figures --out DIR  # write the figures into DIR instead
 
 The data comes from minisgl/tools/figure_data.py (the engine on tiny checkpoints) and from
@@ -23,7 +23,8 @@ from minisgl.tools import figure_data
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "assets" / "figures"
-SERVING = REPO / "docs" / "chapters" / "serving.md"
+# The request-life diagram is generated into both editions of the serving chapter.
+SERVING_PAGES = [REPO / "docs" / "chapters" / "serving.md", REPO / "docs" / "chapters" / "serving.zh.md"]
 BEGIN, END = "<!-- figure:request_life (python -m minisgl.tools.make_figures) -->", "<!-- /figure:request_life -->"
 STATE_COLORS = {
     "": "#ffffff",
@@ -64,6 +65,8 @@ def collect(workdir: str) -> dict:
         "continuous_batching": figure_data.continuous_batching(llama),
         "expert_heat": figure_data.expert_heat(moe),
         "extend_attention": figure_data.extend_attention(llama),
+        "kv_indices": figure_data.kv_indices(llama),
+        "model_config": figure_data.model_config(moe),
         "request_life": figure_data.request_life(llama),
     }
 
@@ -129,7 +132,9 @@ def draw_radix_tree(data: dict, out: Path) -> None:
         )
     cached = ", ".join(f"{rid}: {n}" for rid, n in data["cached_tokens"].items())
     prompts = "; ".join(f"{rid} = {ids}" for rid, ids in data["prompts"].items())
-    ax.set_title(f"radix cache after prompts {prompts}, run in turn\ncached prompt tokens per request: {cached}")
+    ax.set_title(
+        f"radix cache after these prompts, run in turn:\n{prompts}\ncached prompt tokens per request: {cached}"
+    )
     ax.set_xlim(-0.8, max(x for x, *_ in spots) + 0.8)
     ax.set_ylim(-max(d for _, d, *_ in spots) - 0.6, 0.6)
     ax.axis("off")
@@ -170,6 +175,7 @@ def draw_expert_heat(data: dict, out: Path) -> None:
 
     _plt()
     ax = plot_expert_load({"mode": data["mode"], "stat": torch.tensor(data["stat"])})
+    ax.set_yticks(range(len(data["stat"])))  # one tick per layer, never a fractional one
     ax.figure.tight_layout()
     _save(ax.figure, out, "expert_heat")
 
@@ -198,6 +204,70 @@ def draw_extend_attention(data: dict, out: Path) -> None:
     ax.set_title("one EXTEND batch: the slots each query attends to, through req_to_token")
     fig.tight_layout()
     _save(fig, out, "extend_attention")
+
+
+def draw_kv_indices(data: dict, out: Path) -> None:
+    plt = _plt()
+    rows, ptr, flat = data["req_to_token"], data["kv_indptr"], data["kv_indices"]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
+
+    def cell(x, y, text, color, w=1.0):
+        ax.add_patch(plt.Rectangle((x, y), w * 0.94, 0.8, fc=color, ec="k", lw=0.6, alpha=0.35))
+        ax.text(x + w * 0.47, y + 0.4, text, ha="center", va="center", fontsize=8)
+
+    for i, (row, idx) in enumerate(zip(rows, data["req_pool_indices"])):
+        y = 5.2 - i
+        ax.text(-0.3, y + 0.4, f"req_to_token[{idx}, :{data['seq_lens'][i]}]", ha="right", va="center", fontsize=8)
+        for k, slot in enumerate(row):
+            cell(k, y, slot, colors[i])
+    ax.text(-0.3, 1.4, "kv_indices", ha="right", va="center", fontsize=8)
+    for k, slot in enumerate(flat):
+        cell(k, 1.0, slot, colors[next(i for i in range(len(ptr) - 1) if ptr[i] <= k < ptr[i + 1])])
+    ax.text(-0.3, 0.0, "kv_indptr", ha="right", va="center", fontsize=8)
+    for i, p in enumerate(ptr):
+        ax.annotate(
+            str(p),
+            (p - 0.03, 0.95),
+            (p - 0.03, 0.0),
+            ha="center",
+            va="center",
+            fontsize=8,
+            arrowprops=dict(arrowstyle="->", lw=0.8),
+        )
+    ax.set_xlim(-4.6, len(flat) + 0.3)
+    ax.set_ylim(-0.4, 6.2)
+    ax.axis("off")
+    ax.set_title(
+        "one DECODE batch of three requests: each row of req_to_token, flattened for the kernels\n"
+        "(TritonAttnBackend.init_forward_metadata; request b = kv_indices[kv_indptr[b]:kv_indptr[b + 1]])"
+    )
+    fig.tight_layout()
+    _save(fig, out, "kv_indices")
+
+
+def draw_model_config(data: dict, out: Path) -> None:
+    plt = _plt()
+    fields = data["fields"]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(fields) + 1.6))
+    box = dict(boxstyle="round", fc="#e8eaf6", ec="#3f51b5")
+    for i, (key, raw, name, value) in enumerate(fields):
+        y = len(fields) - i
+        ax.text(0.0, y, f"{key}: {raw}", ha="left", va="center", fontsize=8, bbox=box)
+        ax.annotate("", (0.52, y), (0.40, y), arrowprops=dict(arrowstyle="->", lw=0.8))
+        ax.text(0.53, y, f"{name} = {value}", ha="left", va="center", fontsize=8, bbox=dict(box, fc="#e8f5e9"))
+    ax.text(0.0, len(fields) + 0.9, "config.json", ha="left", fontsize=9, weight="bold")
+    ax.text(0.53, len(fields) + 0.9, "ModelConfig (the personality)", ha="left", fontsize=9, weight="bold")
+    sizes = (
+        f"is_moe = {data['is_moe']};  request table req_to_token {data['req_to_token']} (context_len + 4 columns);  "
+        f"KV pool: {data['kv_layers']} layers of K and V, each {data['k_buffer']} = [slots, kv_heads, head_dim]"
+    )
+    ax.text(0.0, 0.1, sizes, ha="left", va="center", fontsize=7.5)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.3, len(fields) + 1.4)
+    ax.axis("off")
+    fig.tight_layout()
+    _save(fig, out, "model_config")
 
 
 def _participant(event: str) -> str | None:
@@ -250,7 +320,7 @@ def request_life_mermaid(events: list[dict]) -> str:
 
 def with_request_life(chapter: str, diagram: str) -> str:
     if BEGIN not in chapter or END not in chapter:
-        raise SystemExit(f"{SERVING} lost the request-life markers")
+        raise SystemExit("a serving chapter lost the request-life markers")
     head, rest = chapter.split(BEGIN, 1)
     return f"{head}{BEGIN}\n{diagram}\n{rest[rest.index(END) :]}"
 
@@ -273,6 +343,8 @@ def build(out: Path, data: dict) -> None:
     draw_continuous_batching(data["continuous_batching"], out)
     draw_expert_heat(data["expert_heat"], out)
     draw_extend_attention(data["extend_attention"], out)
+    draw_kv_indices(data["kv_indices"], out)
+    draw_model_config(data["model_config"], out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
     import matplotlib
@@ -289,7 +361,8 @@ def main() -> None:
     build(args.out or FIGURES, data)
     diagram = request_life_mermaid(data["request_life"])
     if args.out is None:
-        SERVING.write_text(with_request_life(SERVING.read_text(encoding="utf-8"), diagram), encoding="utf-8")
+        for page in SERVING_PAGES:
+            page.write_text(with_request_life(page.read_text(encoding="utf-8"), diagram), encoding="utf-8")
     else:
         (args.out / "request_life.md").write_text(diagram + "\n", encoding="utf-8")
     print(f"wrote {sorted(p.name for p in (args.out or FIGURES).iterdir())}")
