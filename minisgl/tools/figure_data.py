@@ -111,8 +111,8 @@ def expert_heat(qwen3_moe: str) -> dict:
     return {"mode": dump["mode"], "stat": dump["stat"].tolist()}
 
 
-def extend_attention(llama: str) -> dict:
-    """Chapter 5: the KV slots each query of a prefill reads, when one request's prefix is cached."""
+def _metadata_inputs(llama: str, prompts: list, max_new_tokens: int, mode: str, take) -> list:
+    """take(forward_batch, runner) for each `mode` batch of `prompts`, run after [10..14] was cached."""
     engine = _engine(llama, max_total_tokens=64)
     engine.generate(input_ids=[10, 11, 12, 13, 14], sampling_params={"temperature": 0, "max_new_tokens": 1})
     runner = engine.scheduler.tp_worker.model_runner
@@ -120,25 +120,31 @@ def extend_attention(llama: str) -> dict:
     original = runner.attn_backend.init_forward_metadata
 
     def record(forward_batch):
-        if forward_batch.forward_mode.name == "EXTEND":
-            table = forward_batch.req_to_token_pool.req_to_token
-            seen.append(
-                [
-                    {"prefix": p, "new": n, "slots": table[row, : p + n].tolist()}
-                    for row, p, n in zip(
-                        forward_batch.req_pool_indices_cpu,
-                        forward_batch.extend_prefix_lens_cpu,
-                        forward_batch.extend_seq_lens_cpu,
-                    )
-                ]
-            )
+        if forward_batch.forward_mode.name == mode:
+            seen.append(take(forward_batch, runner))
         return original(forward_batch)
 
     runner.attn_backend.init_forward_metadata = record
-    engine.generate(
-        input_ids=[[10, 11, 12, 13, 30, 31], [50, 51, 52]], sampling_params={"temperature": 0, "max_new_tokens": 1}
-    )
-    return {"requests": seen[0]}
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    engine.generate(input_ids=prompts, sampling_params=params)
+    return seen
+
+
+def extend_attention(llama: str) -> dict:
+    """Chapter 5: the KV slots each query of a prefill reads, when one request's prefix is cached."""
+
+    def take(forward_batch, runner):
+        table = forward_batch.req_to_token_pool.req_to_token
+        return [
+            {"prefix": p, "new": n, "slots": table[row, : p + n].tolist()}
+            for row, p, n in zip(
+                forward_batch.req_pool_indices_cpu,
+                forward_batch.extend_prefix_lens_cpu,
+                forward_batch.extend_seq_lens_cpu,
+            )
+        ]
+
+    return {"requests": _metadata_inputs(llama, [[10, 11, 12, 13, 30, 31], [50, 51, 52]], 1, "EXTEND", take)[0]}
 
 
 def kv_indices(llama: str) -> dict:
@@ -150,34 +156,21 @@ def kv_indices(llama: str) -> dict:
     """
     from minisgl.layers.attention.triton_backend import TritonAttnBackend
 
-    engine = _engine(llama, max_total_tokens=64)
-    engine.generate(input_ids=[10, 11, 12, 13, 14], sampling_params={"temperature": 0, "max_new_tokens": 1})
-    runner = engine.scheduler.tp_worker.model_runner
-    seen = []
-    original = runner.attn_backend.init_forward_metadata
+    def take(forward_batch, runner):
+        triton = TritonAttnBackend(runner)
+        triton.init_forward_metadata(forward_batch)
+        lens, rows = forward_batch.seq_lens.tolist(), forward_batch.req_pool_indices.tolist()
+        table = forward_batch.req_to_token_pool.req_to_token
+        return {
+            "req_pool_indices": rows,
+            "seq_lens": lens,
+            "req_to_token": [table[r, :n].tolist() for r, n in zip(rows, lens)],
+            "kv_indptr": triton.forward_metadata.kv_indptr.tolist(),
+            "kv_indices": triton.forward_metadata.kv_indices.tolist(),
+        }
 
-    def record(forward_batch):
-        if forward_batch.forward_mode.name == "DECODE" and not seen:
-            triton = TritonAttnBackend(runner)
-            triton.init_forward_metadata(forward_batch)
-            lens = forward_batch.seq_lens.tolist()
-            rows = forward_batch.req_pool_indices.tolist()
-            table = forward_batch.req_to_token_pool.req_to_token
-            seen.append(
-                {
-                    "req_pool_indices": rows,
-                    "seq_lens": lens,
-                    "req_to_token": [table[r, :n].tolist() for r, n in zip(rows, lens)],
-                    "kv_indptr": triton.forward_metadata.kv_indptr.tolist(),
-                    "kv_indices": triton.forward_metadata.kv_indices.tolist(),
-                }
-            )
-        return original(forward_batch)
-
-    runner.attn_backend.init_forward_metadata = record
     prompts = [[10, 11, 12, 13, 20, 21], [30, 31, 32], [40, 41]]
-    engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
-    return {"prompts": prompts, **seen[0]}
+    return {"prompts": prompts, **_metadata_inputs(llama, prompts, 2, "DECODE", take)[0]}
 
 
 # Chapter 1's figure: each config.json field the personality is made of, and what it becomes.
