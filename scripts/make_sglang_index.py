@@ -179,13 +179,28 @@ def index_file(rel: str, source: str) -> dict:
 
 
 def _runner_uses(cls: ast.AST, reads: bool) -> dict:
-    """Calls of `<...>model_runner.forward` inside a class and, with `reads`, reads of `<chain>.model_runner`."""
+    """Calls of a runner's `forward` inside a class and, with `reads`, reads of `<chain>.model_runner`.
+
+    A runner's `forward` is `<...>model_runner.forward(...)`, or `name.forward(...)` where the class
+    bound `name = <chain>.model_runner` (as `runner = self.tp_worker.model_runner`).
+    """
+    bound = {
+        t.id
+        for node in ast.walk(cls)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and node.value.attr == "model_runner"
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     reads_, forwards = [], []
     for node in ast.walk(cls):
         if reads and isinstance(node, ast.Attribute) and node.attr == "model_runner":
             reads_.append([node.lineno, ast.unparse(node)])
-        if isinstance(node, ast.Call) and (_call_name(node.func) or "").split(".")[-2:] == ["model_runner", "forward"]:
-            forwards.append([node.lineno, _call_name(node.func)])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "forward":
+            receiver = node.func.value
+            if (isinstance(receiver, ast.Attribute) and receiver.attr == "model_runner") or (
+                isinstance(receiver, ast.Name) and receiver.id in bound | {"model_runner"}
+            ):
+                forwards.append([node.lineno, _call_name(node.func)])
     out = {"reads": sorted(reads_)} if reads_ else {}
     return out | ({"forward_calls": sorted(forwards)} if forwards else {})
 

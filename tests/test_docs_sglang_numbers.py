@@ -143,3 +143,30 @@ def test_c10_import_counts_match_the_index(locale):
         }
     problems = [p for page, said in phrases.items() for p in _missing(page, said)]
     assert not problems, "the book's C10 import counts differ from the index:\n" + "\n".join(problems)
+
+
+def test_the_index_script_counts_reads_and_forward_calls_in_a_scheduler_class():
+    """What the counts above rest on: every `.model_runner` read and runner `forward` call inside the class."""
+    script = _index_script()
+    source = (
+        "class SchedulerMultiplexMixin:\n"
+        "    def a(self):\n"
+        "        self.tp_worker.model_runner.update_decode_attn_backend(0)\n"
+        "        runner = self.draft_worker.model_runner\n"
+        "        runner.forward(batch)\n"
+        "        self.tp_worker.forward_batch_generation(batch)\n"
+        "def outside(self):\n"
+        "    return self.tp_worker.model_runner\n"
+    )
+    entry = script.index_file("multiplex/multiplexing_mixin.py", source)
+    assert entry["reads"] == [[3, "self.tp_worker.model_runner"], [4, "self.draft_worker.model_runner"]]
+    assert entry["forward_calls"] == [[5, "runner.forward"]]
+
+
+def test_the_index_script_refuses_a_copy_that_is_not_the_pinned_file(tmp_path):
+    script = _index_script()
+    rel = "managers/scheduler_pp_mixin.py"
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text("class SchedulerPPMixin:\n    pass\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="is not the file at 64bca53"):
+        script.update(tmp_path, [rel])
