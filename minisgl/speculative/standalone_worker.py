@@ -153,7 +153,7 @@ class StandaloneWorker(TpModelWorker):
         with tracing.span("StandaloneWorker.verify"):
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()  # [bs * (k + 1), vocab]
-            info = _repeat_rows(model_worker_batch.sampling_info, k + 1)
+            info = model_worker_batch.sampling_info.repeat_rows(k + 1)
             info.apply_logits_bias(logits)
             accepted = _accept(drafts, draft_probs, logits, info, k)
             for req, tokens in zip(batch.reqs, accepted):
@@ -217,23 +217,6 @@ def _plain(batch: ModelWorkerBatch, **changes) -> ModelWorkerBatch:
 def _sampling_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """The distribution the Sampler draws from: temperature, then top-k / top-p / min-p."""
     return top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
-
-
-def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
-    """The batch's sampling parameters with each request's row repeated n times (one per position)."""
-
-    def rep(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else t.repeat_interleave(n, dim=0)
-
-    return dataclasses.replace(
-        info,
-        temperatures=rep(info.temperatures),
-        top_ps=rep(info.top_ps),
-        top_ks=rep(info.top_ks),
-        min_ps=rep(info.min_ps),
-        logit_bias=rep(info.logit_bias),
-        generators=[g for g in info.generators for _ in range(n)],
-    )
 
 
 def _accept(
