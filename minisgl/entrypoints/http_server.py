@@ -390,7 +390,7 @@ def launch_server(
         # linger, answering 503 forever, stop, so that a supervisor restarts the process.
         server.should_exit = True
 
-    tokenizer_manager.on_fatal_error = on_fatal_error
+    tokenizer_manager.driver.on_fatal_error = on_fatal_error
     try:
         server.run()
     finally:

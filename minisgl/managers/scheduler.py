@@ -345,11 +345,18 @@ class Scheduler(SchedulerOutputProcessorMixin):
         return recv_reqs
 
     def process_input_requests(self, recv_reqs: list) -> list:
-        """Apply each request; return the control requests' replies, in order."""
+        """Apply each request in order; return the control requests' replies, in order (an
+        exception for one that failed). Every driver and every TP rank comes through here, so
+        every rank isolates alike: a generate request the scheduler cannot queue (validation
+        should have caught it) ends alone, with an abort, and the others are applied."""
         replies = []
         for req in recv_reqs:
             if isinstance(req, TokenizedGenerateReqInput):
-                self.handle_generate_request(req)
+                try:
+                    self.handle_generate_request(req)
+                except Exception as e:
+                    logger.exception("request %s could not be queued", req.rid)
+                    self._refuse(req, e)
             elif isinstance(req, AbortReq):
                 self.abort_request(req.rid)
             else:
@@ -358,6 +365,17 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 except Exception as e:  # the caller's mistake (e.g. recorder off): it gets the error
                     replies.append(e)
         return replies
+
+    def _refuse(self, recv_req: TokenizedGenerateReqInput, error: Exception) -> None:
+        req = self._rid_to_req.pop(recv_req.rid, None)
+        if req is not None and req in self.waiting_queue:
+            self.waiting_queue.remove(req)
+        reason = FINISH_ABORT(f"the request could not be queued: {type(error).__name__}: {error}")
+        meta = {"id": recv_req.rid, "prompt_tokens": len(recv_req.input_ids), "completion_tokens": 0}
+        self.outputs.append(ReqOutput(recv_req.rid, [], True, {**meta, "finish_reason": reason.to_json()}))
+
+    def shutdown(self) -> None:
+        """Nothing to release: the in-process scheduler goes with its owner (SchedulerHandle's contract)."""
 
     def handle_control_request(self, req):
         """Answer one control request (io_struct); the front end's only way to reach the scheduler
