@@ -113,8 +113,7 @@ class RequestValidator:
             )
 
     def _make_sampling_params(self, params: dict, prompt_len: int, sample_index: int) -> SamplingParams:
-        refuse_unsupported(params, UNSUPPORTED_SAMPLING_PARAMS)
-        params = {k: v for k, v in params.items() if k not in UNSUPPORTED_SAMPLING_PARAMS}
+        params = refuse_unsupported(params, UNSUPPORTED_SAMPLING_PARAMS)
         user_max_new_tokens = params.get("max_new_tokens")
         if "max_new_tokens" in params and user_max_new_tokens is None:
             params["max_new_tokens"] = self.context_len - prompt_len  # SGLang: None means "to the context length"
