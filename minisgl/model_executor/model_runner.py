@@ -28,6 +28,7 @@ from minisgl.eplb.expert_distribution import (
     set_global_expert_distribution_recorder,
 )
 from minisgl.eplb.expert_location import compute_initial_expert_location_metadata
+from minisgl.layers.attention.attention_registry import ATTENTION_BACKENDS
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.moe.routed_experts_capturer import (
@@ -227,24 +228,13 @@ class ModelRunner:
 
     @tracing.traced(attrs=lambda self: {"backend": self.server_args.attention_backend})
     def init_attention_backend(self) -> None:
-        """The backend is chosen here, once, from server_args and the device (claim C11)."""
+        """The backend is chosen here, once, from server_args and the device (claim C11), by
+        name from the registry (ServerArgs has refused any other name)."""
         self.attn_backend = self._get_attention_backend()
 
-    def _get_attention_backend(self) -> AttentionBackend:
-        name = self.server_args.attention_backend
-        if name == "torch_native":
-            from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
-
-            return TorchNativeAttnBackend(self)
-        if name == "triton":
-            from minisgl.layers.attention.triton_backend import TritonAttnBackend
-
-            return TritonAttnBackend(self)
-        if name == "intel_amx":
-            from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
-
-            return IntelAMXAttnBackend(self)
-        raise ValueError(f"unknown attention backend {name!r}")
+    def _get_attention_backend(self) -> "AttentionBackend":
+        """Name -> backend, through the registry (SGLang's _get_attention_backend_from_str)."""
+        return ATTENTION_BACKENDS[self.server_args.attention_backend](self)
 
     @tracing.traced
     def init_device_graphs(self) -> None:
@@ -253,7 +243,7 @@ class ModelRunner:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
         elif self.server_args.disable_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
-        elif self.server_args.attention_backend != "triton":
+        elif not self.attn_backend.supports_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
         elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
             # Their hooks run Python on every forward, which a replayed graph would skip.
