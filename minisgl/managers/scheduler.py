@@ -218,12 +218,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ---- running it ----------------------------------------------------------------------
 
+    @tracing.traced(attrs=lambda self, batch: {"forward_mode": batch.forward_mode.name})
     def run_batch(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        with tracing.span("Scheduler.run_batch", forward_mode=batch.forward_mode.name):
-            if self.draft_worker is not None:
-                # SGLang's speculative (non-overlap) path hands the draft worker the ScheduleBatch.
-                return self.draft_worker.forward_batch_generation(batch)
-            return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+        if self.draft_worker is not None:
+            # SGLang's speculative (non-overlap) path hands the draft worker the ScheduleBatch.
+            return self.draft_worker.forward_batch_generation(batch)
+        return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
 
     def _finish(self, req: Req, new_ids: Optional[list[int]] = None) -> None:
         if req.req_pool_idx is not None:

@@ -255,13 +255,13 @@ class ModelRunner:
 
     # ---- forward -------------------------------------------------------------------------
 
+    @tracing.traced(attrs=lambda self, forward_batch: {"forward_mode": forward_batch.forward_mode.name})
     def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
         """One forward pass (claim C6)."""
         self.forward_pass_id += 1
-        with tracing.span("ModelRunner.forward", forward_mode=forward_batch.forward_mode.name):
-            with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
-                output = self._forward_raw(forward_batch)
-            get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
+        with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
+            output = self._forward_raw(forward_batch)
+        get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
         return output
 
     def _forward_raw(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
@@ -279,39 +279,33 @@ class ModelRunner:
             raise NotImplementedError("IDLE batches only occur with data-parallel attention, which minisgl omits")
         raise ValueError(f"invalid forward mode {mode}")
 
-    def forward_decode(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self._init_forward_metadata(forward_batch)
-        with tracing.span("model.forward"):
-            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
-
     def forward_extend(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self._init_forward_metadata(forward_batch)
+        """SGLang's forward_extend and forward_decode differ in graph and metadata paths minisgl omits;
+        here they are one body: the backend's metadata for this batch, then the model."""
+        self.attn_backend.init_forward_metadata_step(forward_batch)
         with tracing.span("model.forward"):
             return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
-    def _init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        with tracing.span("attn_backend.init_forward_metadata", backend=type(self.attn_backend).__name__):
-            self.attn_backend.init_forward_metadata(forward_batch)
+    forward_decode = forward_extend
 
     def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:
         return get_global_experts_capturer().get_routed_experts(slots)
 
     # ---- sample --------------------------------------------------------------------------
 
+    @tracing.traced
     def _preprocess_logits(self, logits_output: LogitsProcessorOutput, sampling_info) -> None:
-        with tracing.span("ModelRunner._preprocess_logits"):
-            sampling_info.update_regex_vocab_mask()
-            sampling_info.apply_logits_bias(logits_output.next_token_logits)
+        sampling_info.update_regex_vocab_mask()
+        sampling_info.apply_logits_bias(logits_output.next_token_logits)
 
+    @tracing.traced(attrs=lambda self, logits_output, forward_batch: {"return_logprob": forward_batch.return_logprob})
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
         """Logits -> next token ids, with logprobs attached when asked (claim C7)."""
-        with tracing.span("ModelRunner.sample", return_logprob=forward_batch.return_logprob):
-            self._preprocess_logits(logits_output, forward_batch.sampling_info)
-            with tracing.span("Sampler.forward"):
-                return self.sampler(
-                    logits_output,
-                    forward_batch.sampling_info,
-                    forward_batch.return_logprob,
-                    forward_batch.top_logprobs_nums,
-                    forward_batch.token_ids_logprobs,
-                )
+        self._preprocess_logits(logits_output, forward_batch.sampling_info)
+        return self.sampler(
+            logits_output,
+            forward_batch.sampling_info,
+            forward_batch.return_logprob,
+            forward_batch.top_logprobs_nums,
+            forward_batch.token_ids_logprobs,
+        )

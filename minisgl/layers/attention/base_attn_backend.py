@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl import tracing
+
 if TYPE_CHECKING:
     from minisgl.layers.radix_attention import RadixAttention
     from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -28,6 +30,12 @@ class AttentionBackend(ABC):
     @abstractmethod
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Build whatever index tensors the kernels need for this batch."""
+
+    @tracing.traced(name="attn_backend.init_forward_metadata", attrs=lambda self, fb: {"backend": type(self).__name__})
+    def init_forward_metadata_step(self, forward_batch: "ForwardBatch") -> None:
+        """What the model runner calls before the first layer: every backend's init_forward_metadata,
+        traced under one name here so that no backend has to emit its own span."""
+        self.init_forward_metadata(forward_batch)
 
     def forward(
         self,
