@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Union
 
+from minisgl import tracing
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -51,6 +52,7 @@ class Engine:
 
     # generate and async_generate take exactly GenerateReqInput's fields (``text`` as ``prompt``),
     # as SGLang's Engine.generate says of its own; tests/test_sglang_fields.py keeps them equal.
+    @tracing.traced
     def generate(
         self,
         prompt: Optional[Union[str, list[str]]] = None,
@@ -75,7 +77,7 @@ class Engine:
         chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return _iterate_inline(chunks)
-        return run_inline(anext(chunks))
+        return run_inline(_only(chunks))
 
     async def async_generate(
         self,
@@ -98,7 +100,7 @@ class Engine:
         chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return chunks
-        return await anext(chunks)
+        return await _only(chunks)
 
     def _generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
         # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
@@ -148,6 +150,12 @@ def run_inline(awaitable: Awaitable):
             return done.value
         if yielded is not None:
             raise RuntimeError(f"an inline engine call waited on {yielded!r}, which needs an event loop")
+
+
+async def _only(chunks: AsyncIterator[dict]) -> Union[dict, list[dict]]:
+    """A non-streaming call's one result, run to the generator's end (its span closes there)."""
+    (result,) = [chunk async for chunk in chunks]
+    return result
 
 
 def _iterate_inline(chunks: AsyncIterator[dict]) -> Iterator[dict]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Union
 
+from minisgl import tracing
 from minisgl.managers.detokenizer_manager import DecodeStatus
 from minisgl.managers.io_struct import GenerateReqInput, ReqOutput, TokenizedGenerateReqInput
 
@@ -60,6 +61,7 @@ class GenerateRun:
         # Per-request latency timers for --enable-metrics (metrics_collector.py); None when off.
         self.timers = [metrics.tokenizer.new_request_timer() for _ in reqs] if metrics is not None else None
 
+    @tracing.traced(attrs=lambda self, out: {"tokens": len(out.new_output_ids)})
     def on_output(self, out: ReqOutput) -> Optional[dict]:
         """Take one scheduler output; return the chunk to stream, if streaming."""
         i = self.pending.get(out.rid)

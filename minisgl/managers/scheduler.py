@@ -275,6 +275,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ---- the loop --------------------------------------------------------------------------
 
+    @tracing.traced
     def step(self) -> list[ReqOutput]:
         """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
 
@@ -344,6 +345,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             tracing.point("Scheduler.recv_requests", num_reqs=len(recv_reqs), source_rank=0)
         return recv_reqs
 
+    @tracing.traced(attrs=lambda self, recv_reqs: {"num_reqs": len(recv_reqs)})
     def process_input_requests(self, recv_reqs: list) -> list:
         """Apply each request in order; return the control requests' replies, in order (an
         exception for one that failed). Every driver and every TP rank comes through here, so

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 from typing import Any, AsyncIterator, Optional, Union
 
+from minisgl import tracing
 from minisgl.hf_transformers_utils import get_tokenizer
 from minisgl.managers.generate_run import GenerateRun
 from minisgl.managers.io_struct import (
@@ -75,6 +76,7 @@ class TokenizerManager:
 
     # ---- generation ----------------------------------------------------------------------------
 
+    @tracing.traced
     async def generate_request(
         self, obj: GenerateReqInput, request=None, stream_deltas: Optional[bool] = None
     ) -> AsyncIterator[Union[dict, list[dict]]]:
@@ -111,6 +113,7 @@ class TokenizerManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.tokenize_and_validate, obj)
 
+    @tracing.traced
     def tokenize_and_validate(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
         """Normalize, tokenize and check every request of ``obj``; any error is a ValueError,
         raised before anything reaches the scheduler."""
