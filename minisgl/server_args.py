@@ -143,9 +143,29 @@ class ServerArgs:
             self.chunked_prefill_size = None  # SGLang's "disabled": every prompt prefills in one piece
 
     def _handle_speculative_decoding(self) -> None:
-        from minisgl.speculative.spec_info import check_server_args
-
-        check_server_args(self)  # the speculation refusals live with the speculative worker
+        if self.speculative_algorithm is None:
+            return
+        if self.speculative_algorithm.upper() != "STANDALONE":
+            raise ValueError(f"speculative_algorithm must be STANDALONE, got {self.speculative_algorithm!r}")
+        self.speculative_algorithm = "STANDALONE"
+        if self.speculative_draft_model_path is None:
+            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+        if self.speculative_num_steps is None:
+            draft_tokens = self.speculative_num_draft_tokens
+            self.speculative_num_steps = 3 if draft_tokens is None else draft_tokens - 1
+        if self.speculative_num_steps < 1:
+            raise ValueError("speculative_num_steps must be >= 1")
+        # SGLang's rule for a chain (topk 1): one draft token per step, plus the last verified token.
+        if self.speculative_num_draft_tokens not in (None, self.speculative_num_steps + 1):
+            raise ValueError(
+                f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {self.speculative_num_steps + 1} "
+                "(minisgl drafts a chain, not a tree)"
+            )
+        self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+        if self.page_size != 1:
+            raise ValueError("speculative decoding needs page_size 1: rejected drafts free single slots")
+        if self.enable_return_routed_experts or self.expert_distribution_recorder_mode:
+            raise ValueError("speculative decoding does not record experts: the draft would replace the target's hooks")
 
     def _check(self) -> None:
         if self.page_size < 1:

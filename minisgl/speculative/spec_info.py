@@ -3,9 +3,10 @@
 Mirrors python/sglang/srt/speculative/spec_info.py (SpeculativeAlgorithm with
 from_string, is_none, create_worker). SGLang also has EAGLE,
 EAGLE3 and NGRAM, overlap-scheduled "v2" workers and tree drafts (topk > 1);
-minisgl keeps STANDALONE, a separate small draft model drafting a chain. What that
-worker cannot do exactly is refused here, at start-up (check_server_args) and at the
-front door (check_request), so that the refusals live with the speculation they protect.
+minisgl keeps STANDALONE, a separate small draft model drafting a chain. A request that
+worker cannot serve exactly is refused here (check_request, called by the front door), so
+that the refusals live with the speculation they protect; the flags' own rules stay in
+ServerArgs, which must not import this package.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from minisgl.managers.io_struct import TokenizedGenerateReqInput
-    from minisgl.server_args import ServerArgs
     from minisgl.speculative.standalone_worker import StandaloneWorker
 
 
@@ -40,33 +40,6 @@ class SpeculativeAlgorithm(Enum):
         from minisgl.speculative.standalone_worker import StandaloneWorker
 
         return StandaloneWorker
-
-
-def check_server_args(args: "ServerArgs") -> None:
-    """Normalize the speculative flags and refuse what the chain drafter cannot do (at start-up)."""
-    if args.speculative_algorithm is None:
-        return
-    if args.speculative_algorithm.upper() != "STANDALONE":
-        raise ValueError(f"speculative_algorithm must be STANDALONE, got {args.speculative_algorithm!r}")
-    args.speculative_algorithm = "STANDALONE"
-    if args.speculative_draft_model_path is None:
-        raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
-    if args.speculative_num_steps is None:
-        draft_tokens = args.speculative_num_draft_tokens
-        args.speculative_num_steps = 3 if draft_tokens is None else draft_tokens - 1
-    if args.speculative_num_steps < 1:
-        raise ValueError("speculative_num_steps must be >= 1")
-    # SGLang's rule for a chain (topk 1): one draft token per step, plus the last verified token.
-    if args.speculative_num_draft_tokens not in (None, args.speculative_num_steps + 1):
-        raise ValueError(
-            f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {args.speculative_num_steps + 1} "
-            "(minisgl drafts a chain, not a tree)"
-        )
-    args.speculative_num_draft_tokens = args.speculative_num_steps + 1
-    if args.page_size != 1:
-        raise ValueError("speculative decoding needs page_size 1: rejected drafts free single slots")
-    if args.enable_return_routed_experts or args.expert_distribution_recorder_mode:
-        raise ValueError("speculative decoding does not record experts: the draft would replace the target's hooks")
 
 
 def check_request(req: "TokenizedGenerateReqInput") -> None:
