@@ -6,7 +6,7 @@ shutdown). As in SGLang, the Engine is a thin wrapper: ``generate`` builds a
 GenerateReqInput and drains ``TokenizerManager.generate_request``, the same
 coroutine the HTTP server awaits, so the two front ends cannot disagree. SGLang
 runs that coroutine on an asyncio loop; minisgl's Engine steps the scheduler
-inline (see tokenizer_manager.py), so the coroutine never waits on anything
+inline (InlineDriver, scheduler_driver.py), so the coroutine never waits on anything
 outside its own thread and ``run_inline`` can drive it without a loop, which
 also works inside a notebook whose loop is already running. On a node other
 than node 0 the Engine only runs that node's tensor-parallel ranks.
