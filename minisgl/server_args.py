@@ -15,9 +15,6 @@ from typing import Optional
 
 import torch
 
-ATTENTION_BACKENDS = ("torch_native", "triton", "intel_amx")
-
-
 # SGLang's other spellings of minisgl's flags (add_cli_args at 64bca53).
 CLI_ALIASES = {
     "model_path": ("--model",),
@@ -126,9 +123,11 @@ class ServerArgs:
                 from minisgl.kernels.cpu import can_build
 
                 self.attention_backend = "intel_amx" if can_build() else "torch_native"
+        from minisgl.layers.attention.attention_registry import ATTENTION_BACKENDS
+
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"unknown attention_backend {self.attention_backend!r}; choose one of {ATTENTION_BACKENDS}"
+                f"unknown attention_backend {self.attention_backend!r}; choose one of {tuple(ATTENTION_BACKENDS)}"
             )
 
     def _handle_memory(self) -> None:

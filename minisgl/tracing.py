@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import threading
 from pathlib import Path
@@ -57,6 +58,9 @@ def traced(fn: Optional[Callable] = None, *, name: Optional[str] = None, attrs: 
     def decorate(func: Callable) -> Callable:
         event = name or func.__qualname__
 
+        if inspect.isasyncgenfunction(func):
+            return _traced_async_gen(func, event, attrs)
+
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             if _active() is None:
@@ -67,6 +71,26 @@ def traced(fn: Optional[Callable] = None, *, name: Optional[str] = None, attrs: 
         return wrapper
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _traced_async_gen(func: Callable, event: str, attrs: Optional[Callable[..., dict]]) -> Callable:
+    """An async generator's span runs from its first step to its end (the front door's
+    generate_request); closing the wrapper closes the generator, so its cleanup runs at once."""
+
+    @functools.wraps(func)
+    async def wrapper(*args, **kwargs):
+        gen, events = func(*args, **kwargs), _active()
+        if events is not None:
+            events.append({"event": event, "phase": "begin", **(attrs(*args, **kwargs) if attrs else {})})
+        try:
+            async for item in gen:
+                yield item
+        finally:
+            await gen.aclose()
+            if events is not None:
+                events.append({"event": event, "phase": "end"})
+
+    return wrapper
 
 
 @contextlib.contextmanager

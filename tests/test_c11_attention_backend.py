@@ -47,3 +47,25 @@ def test_c11_forward_path_never_selects_a_backend():
         if isinstance(fn, ast.FunctionDef) and fn.name.startswith(("forward", "_forward", "sample")):
             src = ast.unparse(fn)
             assert "_get_attention_backend" not in src and "attention_backend" not in src, fn.name
+
+
+def test_c11_a_registered_backend_is_accepted_and_built(tiny_llama, request):
+    """A backend is one @register_attention_backend factory: ServerArgs then accepts its name and
+    the model runner builds it; the CUDA-graph hooks are in the base contract, off by default."""
+    from minisgl.entrypoints.engine import Engine
+    from minisgl.layers.attention import attention_registry
+
+    request.addfinalizer(lambda: attention_registry.ATTENTION_BACKENDS.pop("plain_sdpa", None))
+    with pytest.raises(ValueError, match="torch_native"):
+        ServerArgs(model_path=tiny_llama, attention_backend="plain_sdpa")
+
+    class PlainSdpa(TorchNativeAttnBackend):
+        pass
+
+    attention_registry.register_attention_backend("plain_sdpa")(PlainSdpa)
+    engine = Engine(model_path=tiny_llama, max_total_tokens=64, attention_backend="plain_sdpa")
+    backend = engine.scheduler.tp_worker.model_runner.attn_backend
+    assert type(backend) is PlainSdpa and not backend.supports_cuda_graph
+    with pytest.raises(NotImplementedError, match="PlainSdpa"):
+        backend.init_forward_metadata_capture_cuda_graph(1)
+    assert engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 2})["meta_info"]["completion_tokens"]

@@ -90,6 +90,25 @@ def test_c12_stops_inside_an_accepted_run():
         assert allocator.available_size() == spec.scheduler.worker_info.max_total_num_tokens
 
 
+def test_c12_min_new_tokens_at_batch_two_and_more(drafts):
+    # min_new_tokens masks each row's stop tokens until it has that many; a verify round checks
+    # k + 1 positions per row, so the mask is per position: a row one token short may stop at its
+    # second position. The output is the target's, token for token.
+    target = tiny_model_dir("llama")
+    plain = Engine(model_path=target, **KW)
+    free = {**GREEDY, "max_new_tokens": 12, "min_new_tokens": 4}  # the mask holds back EOS too
+    first = _ids(plain.generate(input_ids=PROMPTS, sampling_params=free))
+    # Row 1's fifth token (the first position the mask leaves free) and row 2's second become
+    # stop tokens: row 1 stops right at the boundary, row 2 is held past its stop.
+    params = {**free, "stop_token_ids": [first[1][4], first[2][1]]}
+    expected = plain.generate(input_ids=PROMPTS, sampling_params=params)
+    assert all(len(r["output_ids"]) >= 4 for r in expected)
+    assert expected[1]["meta_info"]["finish_reason"]["type"] == "stop"
+    for draft in (drafts["llama"], target):
+        got = _spec(target, draft, 3).generate(input_ids=PROMPTS, sampling_params=params)
+        assert _ids(got) == _ids(expected), draft
+
+
 def test_c12_kv_pool_is_free_after_every_request(drafts):
     target = tiny_model_dir("llama")
     spec = _spec(target, drafts["llama"], 3)

@@ -151,3 +151,39 @@ def test_an_error_outside_any_batch_propagates(engine, monkeypatch):
     submit(sched, "a")
     with pytest.raises(Boom):
         sched.step()
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_a_request_the_scheduler_cannot_queue_fails_alone(tiny_llama, monkeypatch, tp_size):
+    """Every rank applies requests through Scheduler.process_input_requests, which isolates each
+    one. A seed past 64 bits fails torch.Generator.manual_seed on every rank; the front door is
+    made to let it through (its check switched off in this process only, the ranks run their own)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from minisgl.entrypoints.http_server import create_app
+    from minisgl.managers.tokenizer_manager import TokenizerManager
+    from minisgl.server_args import ServerArgs
+
+    monkeypatch.setattr("minisgl.sampling.sampling_params._INT64_MAX", 1 << 70)
+    args = ServerArgs(model_path=tiny_llama, max_total_tokens=256, tp_size=tp_size, attention_backend="torch_native")
+    tm = TokenizerManager(args, threaded=True)
+    try:
+        with TestClient(create_app(tm, "tiny")) as http:
+            poison, good = {"temperature": 1.0, "seed": 1 << 64, "max_new_tokens": 2}, {**GREEDY, "max_new_tokens": 3}
+            body = {"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": [poison, good]}
+            out = http.post("/generate", content=json.dumps(body), headers={"Content-Type": "application/json"})
+            assert out.status_code == 200, out.text
+            refused, served = out.json()
+            assert refused["meta_info"]["finish_reason"]["type"] == "abort"
+            assert "could not be queued" in refused["meta_info"]["finish_reason"]["message"]
+            assert served["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+            assert http.get("/health").status_code == 200
+            again = http.post("/generate", json={"input_ids": [5, 6], "sampling_params": good})
+            assert again.json()["meta_info"]["completion_tokens"] == 3
+            assert http.post("/flush_cache").status_code == 200
+            info = http.get("/get_server_info").json()
+            assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+    finally:
+        tm.shutdown()

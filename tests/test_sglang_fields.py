@@ -83,3 +83,33 @@ def test_the_docs_table_matches_the_refusal_tables(kind):
     rows = _docs_rows()[kind]
     assert sorted(rows) == sorted(set(names) | set(refused))
     assert {n for n, v in rows.items() if v == "refused"} == set(refused)
+
+
+@pytest.mark.parametrize("method", ["generate", "async_generate"])
+def test_the_engine_takes_exactly_generate_req_inputs_fields(method):
+    """One table per fact: Engine.generate's parameters are GenerateReqInput's fields (``text``
+    named ``prompt``, as SGLang's Engine names it), so neither can gain a field the other lacks."""
+    from minisgl.entrypoints.engine import Engine
+
+    params = set(inspect.signature(getattr(Engine, method)).parameters) - {"self"}
+    assert params == (SUPPORTED_REQUEST - {"text"}) | {"prompt"}
+
+
+def test_every_refusal_goes_through_one_function():
+    """/generate, the sampling params and the OpenAI request models refuse through io_struct's
+    refuse_unsupported: one loop, one message."""
+    from minisgl.managers import io_struct
+
+    for where, table in (
+        (dict(suffix="x"), UNSUPPORTED_OPENAI_FIELDS),
+        (dict(lora_path="a"), UNSUPPORTED_REQUEST_FIELDS),
+    ):
+        with pytest.raises(ValueError) as e:
+            io_struct.refuse_unsupported(where, table)
+        message = str(e.value)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            if table is UNSUPPORTED_OPENAI_FIELDS:
+                CompletionRequest(model="m", prompt="p", **where)
+            else:
+                GenerateReqInput.from_dict({"text": "p", **where})
+    assert io_struct.refuse_unsupported({"suffix": None, "prompt": "p"}, UNSUPPORTED_OPENAI_FIELDS) == {"prompt": "p"}

@@ -133,7 +133,7 @@ def test_shutdown_stops_the_thread_and_fails_waiting_requests(tiny_llama):
                 pass
 
     asyncio.run(run())
-    assert not manager._thread.is_alive() and not manager.is_healthy()
+    assert not manager.driver.thread.is_alive() and not manager.is_healthy()
     with pytest.raises(RuntimeError, match="stopped"):
         generate(manager, text="Hello")
 
@@ -144,18 +144,18 @@ def test_the_scheduler_thread_builds_the_scheduler_it_runs(tiny_llama, monkeypat
     and more workers than cores made every op of the forward wait for a wake-up."""
     import threading
 
-    from minisgl.managers import tokenizer_manager
+    from minisgl.managers import scheduler_driver
 
-    built_in, make = [], tokenizer_manager._make_scheduler
+    built_in, make = [], scheduler_driver.make_scheduler
 
     def recording_make(server_args):
         built_in.append(threading.current_thread().name)
         return make(server_args)
 
-    monkeypatch.setattr(tokenizer_manager, "_make_scheduler", recording_make)
+    monkeypatch.setattr(scheduler_driver, "make_scheduler", recording_make)
     manager = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS), threaded=True)
     try:
-        assert built_in == [manager._thread.name] != [threading.current_thread().name]
+        assert built_in == [manager.driver.thread.name] != [threading.current_thread().name]
         assert generate(manager, text="Hello", sampling_params=GREEDY)["meta_info"]["completion_tokens"] == 24
     finally:
         manager.shutdown()

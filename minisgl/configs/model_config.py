@@ -67,18 +67,18 @@ class ModelConfig:
         self.hf_eos_token_id = self._get_hf_eos_token_id()
 
     @staticmethod
+    @tracing.traced(attrs=lambda server_args, model_path=None, is_draft_model=False: {"is_draft_model": is_draft_model})
     def from_server_args(
         server_args: "ServerArgs", model_path: Optional[str] = None, is_draft_model: bool = False
     ) -> "ModelConfig":
-        with tracing.span("ModelConfig.from_server_args", is_draft_model=is_draft_model):
-            return ModelConfig(
-                model_path=model_path or server_args.model_path,
-                revision=server_args.revision,
-                context_length=server_args.context_length,
-                dtype=server_args.dtype,
-                device=server_args.device,
-                is_draft_model=is_draft_model,
-            )
+        return ModelConfig(
+            model_path=model_path or server_args.model_path,
+            revision=server_args.revision,
+            context_length=server_args.context_length,
+            dtype=server_args.dtype,
+            device=server_args.device,
+            is_draft_model=is_draft_model,
+        )
 
     def _derive_context_length(self, context_length: Optional[int]) -> None:
         derived = getattr(self.hf_config, "max_position_embeddings", None) or 2048

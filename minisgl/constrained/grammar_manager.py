@@ -21,7 +21,6 @@ import torch.distributed as dist
 from minisgl import tracing
 from minisgl.constrained.base_grammar_backend import BaseGrammarBackend
 from minisgl.distributed.parallel_state import get_tp_group
-from minisgl.managers.schedule_batch import FINISH_ABORT
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import Req
@@ -84,7 +83,7 @@ class GrammarManager:
             try:
                 req.grammar = future.result().copy()
             except Exception as e:  # a spec that fails to compile ends its own request, not the scheduler
-                req.finished_reason = FINISH_ABORT(str(e))
+                req.abort(str(e))
             out.append(req)
         self.grammar_queue = [entry for i, entry in enumerate(self.grammar_queue) if i not in ready]
         if out:

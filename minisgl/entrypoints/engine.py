@@ -6,7 +6,7 @@ shutdown). As in SGLang, the Engine is a thin wrapper: ``generate`` builds a
 GenerateReqInput and drains ``TokenizerManager.generate_request``, the same
 coroutine the HTTP server awaits, so the two front ends cannot disagree. SGLang
 runs that coroutine on an asyncio loop; minisgl's Engine steps the scheduler
-inline (see tokenizer_manager.py), so the coroutine never waits on anything
+inline (InlineDriver, scheduler_driver.py), so the coroutine never waits on anything
 outside its own thread and ``run_inline`` can drive it without a loop, which
 also works inside a notebook whose loop is already running. On a node other
 than node 0 the Engine only runs that node's tensor-parallel ranks.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Union
 
+from minisgl import tracing
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -49,62 +50,62 @@ class Engine:
     def tokenizer(self):
         return self.tokenizer_manager.tokenizer
 
+    # generate and async_generate take exactly GenerateReqInput's fields (``text`` as ``prompt``),
+    # as SGLang's Engine.generate says of its own; tests/test_sglang_fields.py keeps them equal.
+    @tracing.traced
     def generate(
         self,
         prompt: Optional[Union[str, list[str]]] = None,
         sampling_params: Optional[Union[dict, list[dict]]] = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
-        return_logprob: Optional[Union[bool, list[bool]]] = False,
+        rid: Optional[Union[str, list[str]]] = None,
+        return_logprob: Optional[Union[bool, list[bool]]] = None,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
         token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None,
+        stream: bool = False,
         return_hidden_states: Union[bool, list[bool]] = False,
         return_routed_experts: Union[bool, list[bool]] = False,
-        stream: bool = False,
-        rid: Optional[Union[str, list[str]]] = None,
+        return_text_in_logprobs: bool = False,
+        custom_logit_processor: Optional[Union[str, list[Optional[str]]]] = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
         iterator of chunks whose ``text`` and ``output_ids`` are everything so far, as SGLang's
         (only the new part with ``stream_output=True``; a batch's chunks carry ``index``).
         Bad input raises ValueError before anything runs."""
-        obj = GenerateReqInput(
-            text=prompt,
-            input_ids=input_ids,
-            sampling_params=sampling_params,
-            rid=rid,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            token_ids_logprob=token_ids_logprob,
-            stream=stream,
-            return_hidden_states=return_hidden_states,
-            return_routed_experts=return_routed_experts,
-        )
-        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
-        # far unless the server runs with --stream-output.
-        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
+        fields = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+        chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return _iterate_inline(chunks)
-        return run_inline(anext(chunks))
+        return run_inline(_only(chunks))
 
     async def async_generate(
         self,
         prompt: Optional[Union[str, list[str]]] = None,
         sampling_params: Optional[Union[dict, list[dict]]] = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        rid: Optional[Union[str, list[str]]] = None,
+        return_logprob: Optional[Union[bool, list[bool]]] = None,
+        logprob_start_len: Optional[Union[int, list[int]]] = None,
+        top_logprobs_num: Optional[Union[int, list[int]]] = None,
+        token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None,
         stream: bool = False,
-        **kwargs: Any,
+        return_hidden_states: Union[bool, list[bool]] = False,
+        return_routed_experts: Union[bool, list[bool]] = False,
+        return_text_in_logprobs: bool = False,
+        custom_logit_processor: Optional[Union[str, list[Optional[str]]]] = None,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """generate, as a coroutine: concurrent calls share the scheduler's batches."""
-        obj = GenerateReqInput(
-            text=prompt, input_ids=input_ids, sampling_params=sampling_params, stream=stream, **kwargs
-        )
-        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
-        # far unless the server runs with --stream-output.
-        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
+        fields = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+        chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return chunks
-        return await anext(chunks)
+        return await _only(chunks)
+
+    def _generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
+        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
+        # far unless the server runs with --stream-output.
+        return self.tokenizer_manager.generate_request(obj, stream_deltas=True)
 
     def flush_cache(self) -> bool:
         return run_inline(self.tokenizer_manager.flush_cache())
@@ -149,6 +150,12 @@ def run_inline(awaitable: Awaitable):
             return done.value
         if yielded is not None:
             raise RuntimeError(f"an inline engine call waited on {yielded!r}, which needs an event loop")
+
+
+async def _only(chunks: AsyncIterator[dict]) -> Union[dict, list[dict]]:
+    """A non-streaming call's one result, run to the generator's end (its span closes there)."""
+    (result,) = [chunk async for chunk in chunks]
+    return result
 
 
 def _iterate_inline(chunks: AsyncIterator[dict]) -> Iterator[dict]:

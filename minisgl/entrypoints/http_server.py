@@ -43,7 +43,6 @@ from minisgl.entrypoints.openai.protocol import (
 from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from minisgl.entrypoints.sglang_fields import without_sglang_defaults
 from minisgl.managers.io_struct import GenerateReqInput
 from minisgl.managers.tokenizer_manager import TokenizerManager
 from minisgl.server_args import ServerArgs
@@ -96,9 +95,6 @@ async def generate_request(request: Request) -> Response:
         return create_error_response(f"malformed JSON body: {e}")
     if not isinstance(body, dict):
         return create_error_response("the request body must be a JSON object")
-    body, want_logprob_texts = without_sglang_defaults(body)
-    if want_logprob_texts:
-        body["return_text_in_logprobs"] = True  # GenerateRun fills the texts, streamed or not
     try:
         obj = GenerateReqInput.from_dict(body)
     except (TypeError, ValueError) as e:
@@ -390,7 +386,7 @@ def launch_server(
         # linger, answering 503 forever, stop, so that a supervisor restarts the process.
         server.should_exit = True
 
-    tokenizer_manager.on_fatal_error = on_fatal_error
+    tokenizer_manager.driver.on_fatal_error = on_fatal_error
     try:
         server.run()
     finally:

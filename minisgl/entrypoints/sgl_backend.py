@@ -18,7 +18,6 @@ from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
 
 from minisgl.entrypoints.engine import Engine
-from minisgl.entrypoints.sglang_fields import fill_logprob_texts, without_sglang_defaults
 
 
 class EngineBackend(RuntimeEndpoint):
@@ -38,13 +37,11 @@ class EngineBackend(RuntimeEndpoint):
         self._lock = threading.Lock()
 
     def _generate_http_request(self, s, data: dict):
-        body, want_texts = without_sglang_defaults(data)
-        body["prompt"] = body.pop("text", None)
+        # The body is GenerateReqInput's fields, which Engine.generate takes (``text`` as ``prompt``);
+        # return_text_in_logprobs is filled by the front door, as for the server.
+        body = {("prompt" if k == "text" else k): v for k, v in data.items()}
         with self._lock:
-            result = self.engine.generate(**body)
-        if want_texts:
-            fill_logprob_texts(result, self.engine.tokenizer_manager.tokenizer)
-        return result
+            return self.engine.generate(**body)
 
     def generate(self, s, sampling_params):
         # RuntimeEndpoint.generate's body, sent to the Engine.

@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl import tracing
 from minisgl.kernels.cpu import is_available as cpu_kernels_available
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 
 
 class Sampler(nn.Module):
+    @tracing.traced
     def forward(
         self,
         logits_output: LogitsProcessorOutput,

@@ -11,25 +11,31 @@ the same rule. ``return_text_in_logprobs`` fills the text slot of every logprob 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Any, Callable, Optional, Union
 
+from minisgl import tracing
 from minisgl.managers.detokenizer_manager import DecodeStatus
 from minisgl.managers.io_struct import GenerateReqInput, ReqOutput, TokenizedGenerateReqInput
-
-if TYPE_CHECKING:
-    from minisgl.managers.tokenizer_manager import TokenizerManager
 
 _OUTPUT_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 _INPUT_LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
 
 
 class GenerateRun:
-    """What has come back so far for each request of one generate call."""
+    """What has come back so far for each request of one generate call. ``metrics`` is the
+    server's MetricsCollectors (None when off); ``abort`` ends a request its stop string ended."""
 
     def __init__(
-        self, tm: "TokenizerManager", obj: GenerateReqInput, reqs: list[TokenizedGenerateReqInput], deltas: bool
+        self,
+        tokenizer: Any,
+        obj: GenerateReqInput,
+        reqs: list[TokenizedGenerateReqInput],
+        deltas: bool,
+        metrics: Optional[Any],
+        abort: Callable[[str], None],
     ) -> None:
-        self.tm = tm
+        self.tokenizer = tokenizer
+        self.abort = abort
         self.reqs = reqs
         self.single = obj.is_single
         self.stream = obj.stream
@@ -39,7 +45,7 @@ class GenerateRun:
         self.pending = {r.rid: i for i, r in enumerate(reqs)}
         self.statuses = [
             DecodeStatus(
-                tm.tokenizer,
+                tokenizer,
                 r.sampling_params.stop_strs,
                 r.sampling_params.skip_special_tokens,
                 r.sampling_params.spaces_between_special_tokens,
@@ -53,8 +59,9 @@ class GenerateRun:
         # A streamed request's logprobs so far, accumulated from the scheduler's per-step ones.
         self.logprobs: list[dict[str, list]] = [{} for _ in reqs]
         # Per-request latency timers for --enable-metrics (metrics_collector.py); None when off.
-        self.timers = [tm.metrics.tokenizer.new_request_timer() for _ in reqs] if tm.metrics is not None else None
+        self.timers = [metrics.tokenizer.new_request_timer() for _ in reqs] if metrics is not None else None
 
+    @tracing.traced(attrs=lambda self, out: {"tokens": len(out.new_output_ids)})
     def on_output(self, out: ReqOutput) -> Optional[dict]:
         """Take one scheduler output; return the chunk to stream, if streaming."""
         i = self.pending.get(out.rid)
@@ -120,7 +127,7 @@ class GenerateRun:
         """(logprob, token_id, None) -> (logprob, token_id, the token's text); SGLang's detokenize_logprob_tokens."""
         if not entries or not isinstance(entries[0], tuple):
             return entries
-        texts = self.tm.tokenizer.batch_decode([[t] for _, t, _ in entries])
+        texts = self.tokenizer.batch_decode([[t] for _, t, _ in entries])
         return [(lp, t, text) for (lp, t, _), text in zip(entries, texts)]
 
     def _process_output(self, req: TokenizedGenerateReqInput, status: DecodeStatus, out: ReqOutput) -> tuple[str, dict]:
@@ -142,5 +149,5 @@ class GenerateRun:
             # multi-byte stop string can outrun; the text has one, so the request ends here.
             meta["finish_reason"] = {"type": "stop", "matched": status.matched_stop}
             if not out.finished:
-                self.tm.abort_request(req.rid)
+                self.abort(req.rid)
         return text, meta

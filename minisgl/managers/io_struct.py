@@ -76,11 +76,14 @@ UNSUPPORTED_SAMPLING_PARAMS: dict[str, tuple[Any, str]] = {
 }
 
 
-def refuse_unsupported(where: dict, table: dict[str, tuple[Any, str]]) -> None:
-    """A ValueError naming the first field of ``where`` that ``table`` refuses (given a non-default value)."""
+def refuse_unsupported(where: dict, table: dict[str, tuple[Any, str]]) -> dict:
+    """A ValueError naming the first field of ``where`` that ``table`` refuses (given a non-default
+    value); else ``where`` without the table's fields. The one refusal loop: /generate, the
+    sampling params and the OpenAI request models all come through here."""
     for name, (default, what) in table.items():
         if name in where and where[name] != default:
             raise ValueError(f"minisgl does not support {name} ({what})")
+    return {k: v for k, v in where.items() if k not in table}
 
 
 @dataclasses.dataclass
@@ -117,12 +120,13 @@ class GenerateReqInput:
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> "GenerateReqInput":
         """A request from a JSON body: SGLang's fields minisgl lacks are refused by name, unknown ones too."""
-        refuse_unsupported(body, UNSUPPORTED_REQUEST_FIELDS)
+        # SGLang's /generate ignores ``model`` (sglang-router sends it).
+        body = refuse_unsupported({k: v for k, v in body.items() if k != "model"}, UNSUPPORTED_REQUEST_FIELDS)
         known = {f.name for f in dataclasses.fields(cls)}
-        extra = [k for k in body if k not in known and k not in UNSUPPORTED_REQUEST_FIELDS]
+        extra = [k for k in body if k not in known]
         if extra:
             raise ValueError(f"unknown field in the request: {extra[0]!r}")
-        return cls(**{k: v for k, v in body.items() if k in known})
+        return cls(**body)
 
     def normalize_batch_and_arguments(self) -> None:
         if (self.text is None) == (self.input_ids is None):

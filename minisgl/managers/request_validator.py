@@ -23,6 +23,7 @@ from minisgl.managers.io_struct import (
 from minisgl.managers.tp_worker import WorkerInfo
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
+from minisgl.speculative.spec_info import check_request
 
 
 class RequestValidator:
@@ -75,15 +76,7 @@ class RequestValidator:
                 from minisgl.sampling.custom_logit_processor import CustomLogitProcessor
 
                 CustomLogitProcessor.from_str(check_type("custom_logit_processor", processor, str))
-        if self.speculative:
-            if return_logprob or hidden:
-                raise ValueError("speculative decoding does not return logprobs or hidden states")
-            if sampling.frequency_penalty or sampling.presence_penalty or sampling.repetition_penalty != 1.0:
-                # A drafted position's penalties would depend on the drafts before it.
-                raise ValueError("speculative decoding does not apply frequency, presence or repetition penalties")
-            if sampling.grammar_key is not None:
-                raise ValueError("speculative decoding does not support json_schema, regex or ebnf constraints")
-        return TokenizedGenerateReqInput(
+        req = TokenizedGenerateReqInput(
             rid=spec["rid"],
             input_text=text,
             input_ids=ids,
@@ -97,6 +90,9 @@ class RequestValidator:
             stream=stream,
             custom_logit_processor=processor,
         )
+        if self.speculative:
+            check_request(req)
+        return req
 
     def _check_ids(self, name: str, ids: list) -> None:
         for t in ids:
@@ -117,8 +113,7 @@ class RequestValidator:
             )
 
     def _make_sampling_params(self, params: dict, prompt_len: int, sample_index: int) -> SamplingParams:
-        refuse_unsupported(params, UNSUPPORTED_SAMPLING_PARAMS)
-        params = {k: v for k, v in params.items() if k not in UNSUPPORTED_SAMPLING_PARAMS}
+        params = refuse_unsupported(params, UNSUPPORTED_SAMPLING_PARAMS)
         user_max_new_tokens = params.get("max_new_tokens")
         if "max_new_tokens" in params and user_max_new_tokens is None:
             params["max_new_tokens"] = self.context_len - prompt_len  # SGLang: None means "to the context length"

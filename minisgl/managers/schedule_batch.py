@@ -134,6 +134,10 @@ class Req:
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
 
+    def abort(self, message: str) -> None:
+        """End the request with an abort reason (for components below managers/, e.g. a grammar that fails)."""
+        self.finished_reason = FINISH_ABORT(message)
+
     def finished(self) -> bool:
         return self.finished_reason is not None
 

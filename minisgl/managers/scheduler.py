@@ -218,12 +218,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ---- running it ----------------------------------------------------------------------
 
+    @tracing.traced(attrs=lambda self, batch: {"forward_mode": batch.forward_mode.name})
     def run_batch(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        with tracing.span("Scheduler.run_batch", forward_mode=batch.forward_mode.name):
-            if self.draft_worker is not None:
-                # SGLang's speculative (non-overlap) path hands the draft worker the ScheduleBatch.
-                return self.draft_worker.forward_batch_generation(batch)
-            return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+        if self.draft_worker is not None:
+            # SGLang's speculative (non-overlap) path hands the draft worker the ScheduleBatch.
+            return self.draft_worker.forward_batch_generation(batch)
+        return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
 
     def _finish(self, req: Req, new_ids: Optional[list[int]] = None) -> None:
         if req.req_pool_idx is not None:
@@ -275,6 +275,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ---- the loop --------------------------------------------------------------------------
 
+    @tracing.traced
     def step(self) -> list[ReqOutput]:
         """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
 
@@ -344,12 +345,20 @@ class Scheduler(SchedulerOutputProcessorMixin):
             tracing.point("Scheduler.recv_requests", num_reqs=len(recv_reqs), source_rank=0)
         return recv_reqs
 
+    @tracing.traced(attrs=lambda self, recv_reqs: {"num_reqs": len(recv_reqs)})
     def process_input_requests(self, recv_reqs: list) -> list:
-        """Apply each request; return the control requests' replies, in order."""
+        """Apply each request in order; return the control requests' replies, in order (an
+        exception for one that failed). Every driver and every TP rank comes through here, so
+        every rank isolates alike: a generate request the scheduler cannot queue (validation
+        should have caught it) ends alone, with an abort, and the others are applied."""
         replies = []
         for req in recv_reqs:
             if isinstance(req, TokenizedGenerateReqInput):
-                self.handle_generate_request(req)
+                try:
+                    self.handle_generate_request(req)
+                except Exception as e:
+                    logger.exception("request %s could not be queued", req.rid)
+                    self._refuse(req, e)
             elif isinstance(req, AbortReq):
                 self.abort_request(req.rid)
             else:
@@ -358,6 +367,17 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 except Exception as e:  # the caller's mistake (e.g. recorder off): it gets the error
                     replies.append(e)
         return replies
+
+    def _refuse(self, recv_req: TokenizedGenerateReqInput, error: Exception) -> None:
+        req = self._rid_to_req.pop(recv_req.rid, None)
+        if req is not None and req in self.waiting_queue:
+            self.waiting_queue.remove(req)
+        reason = FINISH_ABORT(f"the request could not be queued: {type(error).__name__}: {error}")
+        meta = {"id": recv_req.rid, "prompt_tokens": len(recv_req.input_ids), "completion_tokens": 0}
+        self.outputs.append(ReqOutput(recv_req.rid, [], True, {**meta, "finish_reason": reason.to_json()}))
+
+    def shutdown(self) -> None:
+        """Nothing to release: the in-process scheduler goes with its owner (SchedulerHandle's contract)."""
 
     def handle_control_request(self, req):
         """Answer one control request (io_struct); the front end's only way to reach the scheduler

@@ -6,8 +6,8 @@ branch of _launch_subprocesses) and the send/receive half of TokenizerManager.
 With tp_size > 1 every rank runs its own Scheduler in its own process
 (scheduler_process.run_scheduler_process). This client starts the ranks of this node,
 talks to rank 0 over a pipe, and offers the in-process Scheduler's methods
-(handle_generate_request, abort_request, handle_control_request, step,
-is_idle), so the TokenizerManager drives either the same way. SGLang connects
+(process_input_requests, step, is_idle: scheduler_driver.SchedulerHandle), so a
+driver runs either the same way. SGLang connects
 the processes with ZMQ sockets and a detokenizer process; minisgl uses one
 multiprocessing pipe and detokenizes in the TokenizerManager.
 """
@@ -103,12 +103,23 @@ class SchedulerClient:
 
     # ---- the Scheduler's interface ---------------------------------------------------------
 
-    def handle_generate_request(self, recv_req: TokenizedGenerateReqInput) -> None:
-        self._in_flight.add(recv_req.rid)
-        self._outbox.append(recv_req)
-
-    def abort_request(self, rid: str) -> None:
-        self._outbox.append(AbortReq(rid))
+    def process_input_requests(self, recv_reqs: list) -> list:
+        """Queue the requests for rank 0, which applies them (and broadcasts them to the other
+        ranks) through Scheduler.process_input_requests; wait for the control replies, if any."""
+        num_controls = 0
+        for req in recv_reqs:
+            if isinstance(req, TokenizedGenerateReqInput):
+                self._in_flight.add(req.rid)
+            elif not isinstance(req, AbortReq):
+                num_controls += 1
+            self._outbox.append(req)
+        if not num_controls:
+            return []
+        self._send_outbox()
+        while len(self._replies) < num_controls:
+            self._recv(block=True)
+        replies, self._replies = self._replies[:num_controls], self._replies[num_controls:]
+        return replies
 
     def step(self) -> list[ReqOutput]:
         """Send what is queued; return what rank 0 has reported since the last call, waiting
@@ -124,10 +135,6 @@ class SchedulerClient:
 
     def is_idle(self) -> bool:
         return not self._in_flight
-
-    def handle_control_request(self, req) -> Any:
-        """Rank 0 applies it and broadcasts it to the other ranks; its reply comes back here."""
-        return self._call(req)
 
     def shutdown(self) -> None:
         """Tell rank 0 to stop (it tells the others), then reap this node's processes."""
@@ -154,16 +161,6 @@ class SchedulerClient:
             raise RuntimeError("the scheduler processes have stopped")
         self._conn.send(self._outbox)
         self._outbox = []
-
-    def _call(self, req) -> Any:
-        self._outbox.append(req)
-        self._send_outbox()
-        while not self._replies:
-            self._recv(block=True)
-        reply = self._replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
     def _recv(self, block: bool) -> bool:
         """Take one message from rank 0 if there is one (waiting for it if block); False if none."""

@@ -125,15 +125,15 @@ class TpModelWorker:
         """A finished request's experts, [tokens, layers, top_k], read by its KV slots."""
         return self._model_runner.get_routed_experts(slots)
 
+    @tracing.traced
     def forward_batch_generation(
         self, model_worker_batch: "ModelWorkerBatch", is_verify: bool = False
     ) -> GenerationBatchResult:
         """ForwardBatch.init_new -> forward -> (verify: stop) -> sample (claim C8)."""
-        with tracing.span("TpModelWorker.forward_batch_generation"):
-            forward_batch = ForwardBatch.init_new(model_worker_batch, self._model_runner)
-            out = self._model_runner.forward(forward_batch)
-            if is_verify:
-                # Speculative verification samples against the draft tokens itself.
-                return GenerationBatchResult(out.logits_output, None)
-            next_token_ids = self._model_runner.sample(out.logits_output, forward_batch)
-            return GenerationBatchResult(out.logits_output, next_token_ids)
+        forward_batch = ForwardBatch.init_new(model_worker_batch, self._model_runner)
+        out = self._model_runner.forward(forward_batch)
+        if is_verify:
+            # Speculative verification samples against the draft tokens itself.
+            return GenerationBatchResult(out.logits_output, None)
+        next_token_ids = self._model_runner.sample(out.logits_output, forward_batch)
+        return GenerationBatchResult(out.logits_output, next_token_ids)

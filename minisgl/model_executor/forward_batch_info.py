@@ -97,42 +97,42 @@ class ForwardBatch:
     attn_backend: Optional["AttentionBackend"] = None
 
     @classmethod
+    @tracing.traced(
+        attrs=lambda cls, batch, runner: {"forward_mode": batch.forward_mode.name, "batch_size": len(batch.seq_lens)}
+    )
     def init_new(cls, batch: "ModelWorkerBatch", model_runner: "ModelRunner") -> "ForwardBatch":
         device = model_runner.device
-        with tracing.span(
-            "ForwardBatch.init_new", forward_mode=batch.forward_mode.name, batch_size=len(batch.seq_lens)
-        ):
-            seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=device)
-            fb = cls(
-                forward_mode=batch.forward_mode,
-                batch_size=len(batch.seq_lens),
-                input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=device),
-                req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64, device=device),
-                seq_lens=seq_lens,
-                out_cache_loc=batch.out_cache_loc.to(device),
-                positions=None,
-                req_pool_indices_cpu=list(batch.req_pool_indices),
-                seq_lens_cpu=list(batch.seq_lens),
-                sampling_info=batch.sampling_info,
-                return_logprob=batch.return_logprob,
-                top_logprobs_nums=batch.top_logprobs_nums,
-                token_ids_logprobs=batch.token_ids_logprobs,
-                capture_hidden_mode=batch.capture_hidden_mode,
-                req_to_token_pool=model_runner.req_to_token_pool,
-                token_to_kv_pool=model_runner.token_to_kv_pool,
-                attn_backend=model_runner.attn_backend,
-            )
-            if fb.forward_mode.is_decode():
-                fb.positions = seq_lens - 1
-            else:
-                fb.extend_seq_lens_cpu = list(batch.extend_seq_lens)
-                fb.extend_prefix_lens_cpu = list(batch.extend_prefix_lens)
-                fb.extend_logprob_start_lens_cpu = list(batch.extend_logprob_start_lens)
-                fb.extend_num_tokens = sum(batch.extend_seq_lens)
-                fb.extend_seq_lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64, device=device)
-                fb.extend_prefix_lens = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64, device=device)
-                fb.extend_start_loc = torch.cumsum(fb.extend_seq_lens, dim=0) - fb.extend_seq_lens
-                fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
+        seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=device)
+        fb = cls(
+            forward_mode=batch.forward_mode,
+            batch_size=len(batch.seq_lens),
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=device),
+            req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64, device=device),
+            seq_lens=seq_lens,
+            out_cache_loc=batch.out_cache_loc.to(device),
+            positions=None,
+            req_pool_indices_cpu=list(batch.req_pool_indices),
+            seq_lens_cpu=list(batch.seq_lens),
+            sampling_info=batch.sampling_info,
+            return_logprob=batch.return_logprob,
+            top_logprobs_nums=batch.top_logprobs_nums,
+            token_ids_logprobs=batch.token_ids_logprobs,
+            capture_hidden_mode=batch.capture_hidden_mode,
+            req_to_token_pool=model_runner.req_to_token_pool,
+            token_to_kv_pool=model_runner.token_to_kv_pool,
+            attn_backend=model_runner.attn_backend,
+        )
+        if fb.forward_mode.is_decode():
+            fb.positions = seq_lens - 1
+        else:
+            fb.extend_seq_lens_cpu = list(batch.extend_seq_lens)
+            fb.extend_prefix_lens_cpu = list(batch.extend_prefix_lens)
+            fb.extend_logprob_start_lens_cpu = list(batch.extend_logprob_start_lens)
+            fb.extend_num_tokens = sum(batch.extend_seq_lens)
+            fb.extend_seq_lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64, device=device)
+            fb.extend_prefix_lens = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64, device=device)
+            fb.extend_start_loc = torch.cumsum(fb.extend_seq_lens, dim=0) - fb.extend_seq_lens
+            fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
         return fb
 
 

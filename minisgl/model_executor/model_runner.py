@@ -28,6 +28,7 @@ from minisgl.eplb.expert_distribution import (
     set_global_expert_distribution_recorder,
 )
 from minisgl.eplb.expert_location import compute_initial_expert_location_metadata
+from minisgl.layers.attention.attention_registry import ATTENTION_BACKENDS
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.moe.routed_experts_capturer import (
@@ -227,24 +228,13 @@ class ModelRunner:
 
     @tracing.traced(attrs=lambda self: {"backend": self.server_args.attention_backend})
     def init_attention_backend(self) -> None:
-        """The backend is chosen here, once, from server_args and the device (claim C11)."""
+        """The backend is chosen here, once, from server_args and the device (claim C11), by
+        name from the registry (ServerArgs has refused any other name)."""
         self.attn_backend = self._get_attention_backend()
 
-    def _get_attention_backend(self) -> AttentionBackend:
-        name = self.server_args.attention_backend
-        if name == "torch_native":
-            from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
-
-            return TorchNativeAttnBackend(self)
-        if name == "triton":
-            from minisgl.layers.attention.triton_backend import TritonAttnBackend
-
-            return TritonAttnBackend(self)
-        if name == "intel_amx":
-            from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
-
-            return IntelAMXAttnBackend(self)
-        raise ValueError(f"unknown attention backend {name!r}")
+    def _get_attention_backend(self) -> "AttentionBackend":
+        """Name -> backend, through the registry (SGLang's _get_attention_backend_from_str)."""
+        return ATTENTION_BACKENDS[self.server_args.attention_backend](self)
 
     @tracing.traced
     def init_device_graphs(self) -> None:
@@ -253,7 +243,7 @@ class ModelRunner:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
         elif self.server_args.disable_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
-        elif self.server_args.attention_backend != "triton":
+        elif not self.attn_backend.supports_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
         elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
             # Their hooks run Python on every forward, which a replayed graph would skip.
@@ -265,13 +255,13 @@ class ModelRunner:
 
     # ---- forward -------------------------------------------------------------------------
 
+    @tracing.traced(attrs=lambda self, forward_batch: {"forward_mode": forward_batch.forward_mode.name})
     def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
         """One forward pass (claim C6)."""
         self.forward_pass_id += 1
-        with tracing.span("ModelRunner.forward", forward_mode=forward_batch.forward_mode.name):
-            with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
-                output = self._forward_raw(forward_batch)
-            get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
+        with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
+            output = self._forward_raw(forward_batch)
+        get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
         return output
 
     def _forward_raw(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
@@ -289,39 +279,33 @@ class ModelRunner:
             raise NotImplementedError("IDLE batches only occur with data-parallel attention, which minisgl omits")
         raise ValueError(f"invalid forward mode {mode}")
 
-    def forward_decode(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self._init_forward_metadata(forward_batch)
-        with tracing.span("model.forward"):
-            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
-
     def forward_extend(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self._init_forward_metadata(forward_batch)
+        """SGLang's forward_extend and forward_decode differ in graph and metadata paths minisgl omits;
+        here they are one body: the backend's metadata for this batch, then the model."""
+        self.attn_backend.init_forward_metadata_step(forward_batch)
         with tracing.span("model.forward"):
             return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
-    def _init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        with tracing.span("attn_backend.init_forward_metadata", backend=type(self.attn_backend).__name__):
-            self.attn_backend.init_forward_metadata(forward_batch)
+    forward_decode = forward_extend
 
     def get_routed_experts(self, slots: torch.Tensor) -> torch.Tensor:
         return get_global_experts_capturer().get_routed_experts(slots)
 
     # ---- sample --------------------------------------------------------------------------
 
+    @tracing.traced
     def _preprocess_logits(self, logits_output: LogitsProcessorOutput, sampling_info) -> None:
-        with tracing.span("ModelRunner._preprocess_logits"):
-            sampling_info.update_regex_vocab_mask()
-            sampling_info.apply_logits_bias(logits_output.next_token_logits)
+        sampling_info.update_regex_vocab_mask()
+        sampling_info.apply_logits_bias(logits_output.next_token_logits)
 
+    @tracing.traced(attrs=lambda self, logits_output, forward_batch: {"return_logprob": forward_batch.return_logprob})
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
         """Logits -> next token ids, with logprobs attached when asked (claim C7)."""
-        with tracing.span("ModelRunner.sample", return_logprob=forward_batch.return_logprob):
-            self._preprocess_logits(logits_output, forward_batch.sampling_info)
-            with tracing.span("Sampler.forward"):
-                return self.sampler(
-                    logits_output,
-                    forward_batch.sampling_info,
-                    forward_batch.return_logprob,
-                    forward_batch.top_logprobs_nums,
-                    forward_batch.token_ids_logprobs,
-                )
+        self._preprocess_logits(logits_output, forward_batch.sampling_info)
+        return self.sampler(
+            logits_output,
+            forward_batch.sampling_info,
+            forward_batch.return_logprob,
+            forward_batch.top_logprobs_nums,
+            forward_batch.token_ids_logprobs,
+        )

@@ -48,6 +48,7 @@ class SamplingBatchInfo:
     device: str = "cpu"
     # min_new_tokens (SGLang's MinNewTokensPenalizer): -inf on the stop tokens of rows still short.
     min_new_tokens_mask: Optional[torch.Tensor] = None  # [bs, vocab]
+    min_new_tokens_left: Optional[torch.Tensor] = None  # [bs] tokens each row still owes (0 once free)
     # Custom logit processors: (processor, its rows, their custom_params) per distinct processor.
     custom_logit_processors: Optional[list[tuple[Any, torch.Tensor, list]]] = None
 
@@ -84,12 +85,41 @@ class SamplingBatchInfo:
         short = [i for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens]
         if short:
             info.min_new_tokens_mask = torch.zeros(len(reqs), vocab_size, device=device)
+            info.min_new_tokens_left = torch.tensor(
+                [max(r.sampling_params.min_new_tokens - len(r.output_ids), 0) for r in reqs], device=device
+            )
             for i in short:
                 stops = set(reqs[i].sampling_params.stop_token_ids) | set(reqs[i].eos_token_ids)
                 info.min_new_tokens_mask[i, sorted(stops)] = -float("inf")
         if any(r.custom_logit_processor for r in reqs):
             info._init_custom_logit_processors(reqs, device)
         return info
+
+    def repeat_rows(self, n: int) -> "SamplingBatchInfo":
+        """Each request's row repeated n times, for n consecutive positions of that request (a
+        verify round scores k + 1 of them). Like SGLang's filter_batch/merge_batch, it lives beside
+        the fields so that a new field cannot be missed; the one per-position fact is
+        min_new_tokens, whose mask frees position j of a row once j tokens cover what it owes."""
+        rows = torch.arange(len(self.generators) * n, device=self.device)
+
+        def rep(value):
+            if isinstance(value, torch.Tensor):
+                return value.repeat_interleave(n, dim=0)
+            if isinstance(value, list):
+                return [v for v in value for _ in range(n)]
+            return value
+
+        repeated = {f.name: rep(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "vocab_size"}
+        if self.min_new_tokens_mask is not None:
+            still_short = (rows % n < repeated["min_new_tokens_left"]).unsqueeze(1)
+            repeated["min_new_tokens_mask"] = torch.where(still_short, repeated["min_new_tokens_mask"], 0.0)
+            repeated["min_new_tokens_left"] = (repeated["min_new_tokens_left"] - rows % n).clamp(min=0)
+        if self.custom_logit_processors is not None:
+            repeated["custom_logit_processors"] = [
+                (processor, (idx[:, None] * n + torch.arange(n, device=self.device)).flatten(), rep(params))
+                for processor, idx, params in self.custom_logit_processors
+            ]
+        return dataclasses.replace(self, **repeated)
 
     def _init_custom_logit_processors(self, reqs: list["Req"], device: str) -> None:
         from minisgl.sampling.custom_logit_processor import CustomLogitProcessor

@@ -3,7 +3,10 @@
 Mirrors python/sglang/srt/speculative/spec_info.py (SpeculativeAlgorithm with
 from_string, is_none, create_worker). SGLang also has EAGLE,
 EAGLE3 and NGRAM, overlap-scheduled "v2" workers and tree drafts (topk > 1);
-minisgl keeps STANDALONE, a separate small draft model drafting a chain.
+minisgl keeps STANDALONE, a separate small draft model drafting a chain. A request that
+worker cannot serve exactly is refused here (check_request, called by the front door), so
+that the refusals live with the speculation they protect; the flags' own rules stay in
+ServerArgs, which must not import this package.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from enum import Enum, auto
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
+    from minisgl.managers.io_struct import TokenizedGenerateReqInput
     from minisgl.speculative.standalone_worker import StandaloneWorker
 
 
@@ -36,3 +40,15 @@ class SpeculativeAlgorithm(Enum):
         from minisgl.speculative.standalone_worker import StandaloneWorker
 
         return StandaloneWorker
+
+
+def check_request(req: "TokenizedGenerateReqInput") -> None:
+    """Refuse, at the front door, a request the draft-verify round would not serve exactly."""
+    params = req.sampling_params
+    if req.return_logprob or req.return_hidden_states:
+        raise ValueError("speculative decoding does not return logprobs or hidden states")
+    if params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0:
+        # A drafted position's penalties would depend on the drafts before it.
+        raise ValueError("speculative decoding does not apply frequency, presence or repetition penalties")
+    if params.grammar_key is not None:
+        raise ValueError("speculative decoding does not support json_schema, regex or ebnf constraints")

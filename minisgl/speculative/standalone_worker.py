@@ -85,10 +85,10 @@ class StandaloneWorker(TpModelWorker):
         self.forward_draft_extend(dataclasses.replace(model_worker_batch, forward_mode=ForwardMode.DRAFT_EXTEND))
         return result
 
+    @tracing.traced(attrs=lambda self, batch: {"batch_size": len(batch.seq_lens)})
     def forward_draft_extend(self, model_worker_batch: ModelWorkerBatch) -> None:
         """Write the draft's KV for tokens the target already has (its logits are not needed)."""
-        with tracing.span("StandaloneWorker.forward_draft_extend", batch_size=len(model_worker_batch.seq_lens)):
-            self._draft_logits(model_worker_batch)
+        self._draft_logits(model_worker_batch)
 
     def _draft_logits(self, model_worker_batch: ModelWorkerBatch) -> torch.Tensor:
         forward_batch = ForwardBatch.init_new(model_worker_batch, self.model_runner)
@@ -96,6 +96,7 @@ class StandaloneWorker(TpModelWorker):
 
     # ---- draft ---------------------------------------------------------------------------
 
+    @tracing.traced(attrs=lambda self, batch: {"num_steps": self.speculative_num_steps})
     def draft(self, batch: ModelWorkerBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """k draft tokens per request, [bs, k], and the distributions they were drawn from,
         [bs, k, vocab] (None when every request is greedy)."""
@@ -107,25 +108,24 @@ class StandaloneWorker(TpModelWorker):
         info = batch.sampling_info
         tokens = list(batch.input_ids)
         drafts, probs = [], []
-        with tracing.span("StandaloneWorker.draft", num_steps=k):
-            for step in range(k):
-                step_batch = _plain(
-                    batch,
-                    forward_mode=ForwardMode.DECODE,
-                    input_ids=tokens,
-                    seq_lens=[p + step + 1 for p in start],
-                    out_cache_loc=slots[:, step].contiguous(),
-                )
-                logits = self._draft_logits(step_batch).float()
-                info.apply_logits_bias(logits)
-                if info.is_all_greedy:
-                    next_ids = argmax_rows(logits)
-                else:
-                    q = _sampling_probs(logits, info)
-                    next_ids = sample_per_request(q, info.generators)
-                    probs.append(q)
-                drafts.append(next_ids)
-                tokens = next_ids.tolist()
+        for step in range(k):
+            step_batch = _plain(
+                batch,
+                forward_mode=ForwardMode.DECODE,
+                input_ids=tokens,
+                seq_lens=[p + step + 1 for p in start],
+                out_cache_loc=slots[:, step].contiguous(),
+            )
+            logits = self._draft_logits(step_batch).float()
+            info.apply_logits_bias(logits)
+            if info.is_all_greedy:
+                next_ids = argmax_rows(logits)
+            else:
+                q = _sampling_probs(logits, info)
+                next_ids = sample_per_request(q, info.generators)
+                probs.append(q)
+            drafts.append(next_ids)
+            tokens = next_ids.tolist()
         return torch.stack(drafts, dim=1), (torch.stack(probs, dim=1) if probs else None)
 
     # ---- verify --------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class StandaloneWorker(TpModelWorker):
         with tracing.span("StandaloneWorker.verify"):
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()  # [bs * (k + 1), vocab]
-            info = _repeat_rows(model_worker_batch.sampling_info, k + 1)
+            info = model_worker_batch.sampling_info.repeat_rows(k + 1)
             info.apply_logits_bias(logits)
             accepted = _accept(drafts, draft_probs, logits, info, k)
             for req, tokens in zip(batch.reqs, accepted):
@@ -217,23 +217,6 @@ def _plain(batch: ModelWorkerBatch, **changes) -> ModelWorkerBatch:
 def _sampling_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """The distribution the Sampler draws from: temperature, then top-k / top-p / min-p."""
     return top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
-
-
-def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
-    """The batch's sampling parameters with each request's row repeated n times (one per position)."""
-
-    def rep(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        return None if t is None else t.repeat_interleave(n, dim=0)
-
-    return dataclasses.replace(
-        info,
-        temperatures=rep(info.temperatures),
-        top_ps=rep(info.top_ps),
-        top_ks=rep(info.top_ks),
-        min_ps=rep(info.min_ps),
-        logit_bias=rep(info.logit_bias),
-        generators=[g for g in info.generators for _ in range(n)],
-    )
 
 
 def _accept(

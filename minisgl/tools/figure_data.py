@@ -210,37 +210,23 @@ def model_config(qwen3_moe: str) -> dict:
     }
 
 
-PARTICIPANTS = ["HTTP server", "TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"]
+PARTICIPANTS = ["Engine", "TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"]
 
 
 def request_life(llama: str) -> list[dict]:
-    """Chapter 10: one request's events from the HTTP handler to the detokenized text, on one thread.
-
-    The server runs the scheduler on its own thread; here the same calls run in turn on this
-    one so that one recorder sees them all. The HTTP and TokenizerManager spans are this
-    function's (they are the server's steps, named after it); everything between them is
-    the engine's own trace.
-    """
+    """Chapter 10: one request's spans from the front door to the detokenized text, as the code
+    emits them (every span is a traced function, or the model's forward). The Engine drives the
+    scheduler inline, so one recorder on this thread sees them all; the HTTP route makes the
+    same TokenizerManager.generate_request call, with the scheduler on its own thread."""
     from minisgl.entrypoints.engine import Engine
 
     engine = Engine(model_path=llama, **CPU, max_total_tokens=64)
-    sched, tokenizer = engine.scheduler, engine.tokenizer
     with tracing.record() as events:
-        with tracing.span("http_server.generate_request", route="/generate"):
-            with tracing.span("TokenizerManager.generate_request"):
-                with tracing.span("TokenizerManager.tokenize"):
-                    ids = tokenizer.encode("The river rose")
-                with tracing.span("Scheduler.handle_generate_request"):
-                    sched.handle_generate_request(_request("req", ids, 2))
-                new_ids = []
-                while not sched.is_idle():
-                    with tracing.span("Scheduler.step"):
-                        new_ids += [i for out in sched.step() for i in out.new_output_ids]
-                with tracing.span("TokenizerManager.detokenize", tokens=len(new_ids)):
-                    tokenizer.decode(new_ids)
+        engine.generate("The river rose", sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
     keep = (
-        "http_server.",
+        "Engine.",
         "TokenizerManager.",
+        "GenerateRun.",
         "Scheduler.",
         "TpModelWorker.",
         "ForwardBatch.init_new",

@@ -272,7 +272,7 @@ def draw_model_config(data: dict, out: Path) -> None:
 
 def _participant(event: str) -> str | None:
     head = event.split(".")[0]
-    return {"http_server": "HTTP server", "ForwardBatch": "TpModelWorker"}.get(
+    return {"GenerateRun": "TokenizerManager", "ForwardBatch": "TpModelWorker"}.get(
         head, head if head in figure_data.PARTICIPANTS else None
     )
 
@@ -296,7 +296,7 @@ def request_life_mermaid(events: list[dict]) -> str:
     ids = {p: p.replace(" ", "") for p in figure_data.PARTICIPANTS}
     lines = ["```mermaid", "sequenceDiagram"]
     lines += [f"    participant {ids[p]} as {p}" for p in figure_data.PARTICIPANTS]
-    stack: list[tuple[str, str]] = [("HTTP server", "")]
+    stack: list[tuple[str, str]] = [("Engine", "")]
     for e in events:
         who = _participant(e["event"])
         if e["phase"] == "begin":

@@ -21,6 +21,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from minisgl.managers.io_struct import refuse_unsupported
+
 # SGLang's CompletionRequest / ChatCompletionRequest fields (protocol.py at 64bca53) that minisgl
 # refuses, with SGLang's default: a field given another value is a 400 naming it. docs/chapters/
 # serving.md's table is checked against this dict (tests/test_sglang_fields.py).
@@ -65,12 +67,7 @@ class StrictModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data):
-        if isinstance(data, dict):
-            for name, (default, what) in UNSUPPORTED_OPENAI_FIELDS.items():
-                if name in data and data[name] != default:
-                    raise ValueError(f"minisgl does not support {name} ({what})")
-            data = {k: v for k, v in data.items() if k not in UNSUPPORTED_OPENAI_FIELDS}
-        return data
+        return refuse_unsupported(data, UNSUPPORTED_OPENAI_FIELDS) if isinstance(data, dict) else data
 
 
 class ErrorInfo(BaseModel):

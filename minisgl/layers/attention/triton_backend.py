@@ -41,6 +41,7 @@ class ForwardMetadata:
 
 
 class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
     # SGLang's default --triton-attention-num-kv-splits.
     max_kv_splits = 8
 
