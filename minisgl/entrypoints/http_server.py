@@ -367,9 +367,7 @@ def launch_server(
     logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tokenizer_manager = TokenizerManager(server_args, threaded=True)
     app = create_app(tokenizer_manager, served_model_name, api_key)
-    asgi_app, drain = harden(
-        app, server_args.max_request_bytes, server_args.http_read_timeout, loopback_only=is_loopback(host)
-    )
+    asgi_app, drain = harden(app, server_args, loopback_only=is_loopback(host))
     config = uvicorn.Config(
         asgi_app,
         host=host,
