@@ -276,12 +276,14 @@ def test_sigterm_past_the_timeout_ends_the_rest_with_an_error_and_exits(tiny_lla
     errors = 0
     for events in streams:
         assert events and events[0][0] == "status", events
-        if events[0][1] != 200:  # still queued: the error is the whole (OpenAI-shaped) answer
+        if events[0][1] != 200:  # still queued: the error is the whole (OpenAI-shaped) answer, a 503
+            assert events[0][1] == 503, events
             errors += 1
             continue
         last = _data(events)[-1]
         # A stream that had begun ends with an event, never silently: the error, or its finish.
         assert "error" in last or last["meta_info"]["finish_reason"]["type"] == "length", events[-2:]
+        assert "error" not in last or last["error"]["code"] == 503, last
         errors += "error" in last
     assert errors >= 2, streams
     assert "aborting them" in log_path.read_text()

@@ -19,11 +19,13 @@ SGLang has none of these (it leaves them to a proxy); its /generate parses any b
 
 from __future__ import annotations
 
+import hmac
 from http import HTTPStatus
 from typing import Optional
 from urllib.parse import urlsplit
 
 from minisgl.entrypoints.http_middleware import LOOPBACK_HOST_NAMES, _replay, _send_error, is_loopback
+from minisgl.entrypoints.openai.serving_base import create_error_response
 from minisgl.json_limits import json_depth
 
 # Deep enough for any real request (a chat request with a schema of 40 nested objects is ~90).
@@ -86,3 +88,24 @@ class CrossSiteMiddleware:
             await _send_error(scope, receive, send, message, HTTPStatus.BAD_REQUEST)
             return
         await self.app(scope, _replay(body, receive), send)
+
+
+class APIKeyMiddleware:
+    """Every route but /health needs ``Authorization: Bearer <api_key>``.
+
+    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
+    BaseHTTPMiddleware wraps the response stream, and a streaming client's
+    disconnect must reach the route untouched to abort its request."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = create_error_response("Incorrect or missing API key.", HTTPStatus.UNAUTHORIZED)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import socket
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as mp_wait
 from typing import Any, Optional
 
 from minisgl.configs.model_config import ModelConfig
@@ -124,6 +125,12 @@ class SchedulerClient:
 
     def is_idle(self) -> bool:
         return not self._in_flight
+
+    def dead_ranks(self) -> list[str]:
+        """The rank processes of this node that have exited. Safe from any thread: it only asks
+        whether a process's sentinel is readable, never reaps it (the scheduler thread does)."""
+        exited = set(mp_wait([p.sentinel for p in self._procs], timeout=0))
+        return [p.name for p in self._procs if p.sentinel in exited]
 
     def handle_control_request(self, req) -> Any:
         """Rank 0 applies it and broadcasts it to the other ranks; its reply comes back here."""

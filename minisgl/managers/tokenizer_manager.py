@@ -32,6 +32,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from minisgl.hf_transformers_utils import get_tokenizer
+from minisgl.malloc_trim import TRIM_AFTER_CHARS, malloc_trim
 from minisgl.managers.generate_run import GenerateRun
 from minisgl.managers.io_struct import (
     AbortReq,
@@ -41,6 +42,7 @@ from minisgl.managers.io_struct import (
     GetInternalStateReq,
     ReqOutput,
     TokenizedGenerateReqInput,
+    check_text,
 )
 from minisgl.managers.request_validator import RequestValidator
 from minisgl.server_args import ServerArgs
@@ -49,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 # How often a non-streaming request with no new output checks that its client is still there (SGLang: 4 s).
 _DISCONNECT_POLL_S = 1.0
+
+
+class SchedulerStoppedError(RuntimeError):
+    """The scheduler has stopped (a drain's end, or a fatal error): the server answers 503."""
 
 
 class ReqState:
@@ -136,13 +142,15 @@ class TokenizerManager:
         # metrics_collector.MetricsCollectors, set by the server under --enable-metrics; None costs nothing.
         self.metrics = None
 
-        self._encode = self.tokenizer.encode
+        self._tokenizing_tokenizer = self.tokenizer
         if threaded:
             # Tokenizing a long prompt takes seconds; it must not stall the event loop. An HF fast
             # tokenizer cannot encode in one thread while it decodes in another ("Already
             # borrowed"), so the tokenizing thread gets a tokenizer of its own.
-            self._encode = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path).encode
+            self._tokenizing_tokenizer = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
             self._tokenize_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minisgl-tokenize")
+        self._encode = self._tokenizing_tokenizer.encode
+        self._max_token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
     # ---- driving the scheduler: the same two calls, from the thread or inline ------------------
 
@@ -225,7 +233,7 @@ class TokenizerManager:
                 left.append(self._recv_queue.get_nowait())
             routes, self._routes = self._routes, {}
         detail = f" after an error: {self.error!r}" if self.error else ""
-        error = RuntimeError("the scheduler has stopped" + detail)
+        error = SchedulerStoppedError("the scheduler has stopped" + detail)
         for msg in left:
             if isinstance(msg, _ControlMsg):
                 msg.future.set_exception(error)
@@ -237,7 +245,7 @@ class TokenizerManager:
         # the queue after the thread's last look at it, and two callers cannot share a rid.
         with self._lock:
             if self._closed:
-                raise RuntimeError("the scheduler has stopped")
+                raise SchedulerStoppedError("the scheduler has stopped")
             if state is not None:
                 self._routes[msg.req.rid] = state
             self._recv_queue.put(msg)
@@ -277,12 +285,36 @@ class TokenizerManager:
             yield run.result()
 
     async def _tokenize(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
-        if self._thread is None:
-            return self.tokenize_and_validate(obj)
         if self._closed:
-            raise RuntimeError("the scheduler has stopped")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self.tokenize_and_validate, obj)
+            raise SchedulerStoppedError("the scheduler has stopped")
+        text = obj.text if isinstance(obj.text, list) else [obj.text or ""]
+        return await self._off_loop(self.tokenize_and_validate, obj, size=sum(map(len, text)))
+
+    async def _off_loop(self, fn: Callable, arg: Any, size: int) -> Any:
+        """Run ``fn`` in the tokenizing thread (inline for the Engine); after a large request,
+        hand the memory it freed back to the OS."""
+        try:
+            if self._thread is None:
+                return fn(arg)
+            return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, arg)
+        finally:
+            if size > TRIM_AFTER_CHARS:  # cheap next to tokenizing that much
+                malloc_trim()
+
+    async def encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """/tokenize: the same checks and the same thread as a prompt of /generate."""
+        for text in texts:
+            check_text("prompt", text)
+            self.validator.check_text_length("prompt", text, self._max_token_chars)
+        encode = self._tokenizing_tokenizer.encode
+        run = lambda ts: [encode(t, add_special_tokens=add_special_tokens) for t in ts]  # noqa: E731
+        return await self._off_loop(run, texts, size=sum(map(len, texts)))
+
+    async def decode_ids(self, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """/detokenize, off the event loop."""
+        decode = self._tokenizing_tokenizer.decode
+        run = lambda ss: [decode(s, skip_special_tokens=skip_special_tokens) for s in ss]  # noqa: E731
+        return await self._off_loop(run, seqs, size=sum(map(len, seqs)))
 
     def tokenize_and_validate(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
         """Normalize, tokenize and check every request of ``obj``; any error is a ValueError,
@@ -297,6 +329,7 @@ class TokenizerManager:
             if text is not None:
                 prompt_index = i // obj.parallel_sample_num
                 if prompt_index not in encoded:
+                    self.validator.check_text_length("text", text, self._max_token_chars)
                     encoded[prompt_index] = self._encode(text)
                 ids = encoded[prompt_index]
             else:
@@ -341,7 +374,11 @@ class TokenizerManager:
             return list(self._routes)
 
     def abort_request(self, rid: str) -> None:
-        """End a request wherever it is; the scheduler frees its KV at its next step."""
+        """End a request wherever it is; the scheduler frees its KV at its next step. Only a rid
+        in flight counts as aborted (num_aborted_requests, /metrics)."""
+        with self._lock:
+            if rid not in self._routes:
+                return
         self.num_aborted_reqs += 1
         try:
             self._send(AbortReq(rid))
@@ -388,6 +425,14 @@ class TokenizerManager:
 
     def is_healthy(self) -> bool:
         return not self._closed
+
+    def health_problem(self) -> Optional[str]:
+        """Why /health should fail, or None: the scheduler stopped, or (tensor parallel) a rank
+        process died. An idle group notices a dead rank only at its next request; this does not wait."""
+        if self._closed:
+            return f"the scheduler failed: {self.error!r}" if self.error else "the scheduler has stopped"
+        dead = getattr(self.scheduler, "dead_ranks", lambda: [])()
+        return f"scheduler process {dead[0]} has exited" if dead else None
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the scheduler after its current step; requests still waiting get an error."""
