@@ -46,6 +46,13 @@ def test_the_supervisor_restarts_only_the_dead_process_and_gives_up_at_the_limit
     assert healthy.returncode is not None
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 # ---- the real thing: two replicas behind the router, one killed under load ------------------
 
 
@@ -82,21 +89,20 @@ def test_a_killed_replica_loses_nothing_that_had_not_started_on_it(tiny_llama, t
     try:
         watcher.start()
         with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
-            for i, target in enumerate(targets):
-                pool.submit(client, target, i)
-            time.sleep(5)
-            dead = supervisor.procs[0]
-            killed_at = time.monotonic()
-            os.kill(dead.pid, signal.SIGKILL)
-            # The supervisor restarts it after its 1 s backoff; the router admits it once healthy.
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline:
-                back = supervisor.procs[0] is not dead
-                if back and httpx.get(f"{replicas[0]}/health", timeout=5).status_code == 200:
-                    break
-                time.sleep(0.5)
-            time.sleep(5)  # load on both again
-            stop.set()
+            try:
+                for i, target in enumerate(targets):
+                    pool.submit(client, target, i)
+                time.sleep(5)
+                dead = supervisor.procs[0]
+                killed_at = time.monotonic()
+                os.kill(dead.pid, signal.SIGKILL)
+                # The supervisor restarts it after its 1 s backoff; the router admits it once healthy.
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline and not _healthy(replicas[0]):
+                    time.sleep(0.5)
+                time.sleep(5)  # load on both again
+            finally:
+                stop.set()  # the clients end, or the pool would wait for them forever
         assert supervisor.procs[0] is not dead and supervisor.procs[0].poll() is None
         before = [s for t, sent, s in results if t == router and sent < killed_at]
         after = [s for t, sent, s in results if t == router and sent >= killed_at]
