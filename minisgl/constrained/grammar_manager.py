@@ -8,7 +8,8 @@ compiles for itself, and a request moves only when it is ready on every rank, so
 ranks keep scheduling the same batches. The backend is built on the first constrained
 request: an engine that never sees one never imports xgrammar. A compilation that takes
 longer than ``--grammar-compile-timeout`` ends its requests with an abort naming the flag
-(SGLang: SGLANG_GRAMMAR_MAX_POLL_ITERATIONS polls, python/sglang/srt/constrained/grammar_manager.py:140),
+(SGLang: SGLANG_GRAMMAR_MAX_POLL_ITERATIONS polls in get_ready_grammar_requests,
+python/sglang/srt/constrained/grammar_manager.py:107),
 and the key is remembered as failed; one whose requests were all aborted is cancelled if it
 has not started. SGLang also supports other backends; omitted.
 """
