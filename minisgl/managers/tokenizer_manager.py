@@ -287,8 +287,9 @@ class TokenizerManager:
     async def _tokenize(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
         if self._closed:
             raise SchedulerStoppedError("the scheduler has stopped")
-        text = obj.text if isinstance(obj.text, list) else [obj.text or ""]
-        return await self._off_loop(self.tokenize_and_validate, obj, size=sum(map(len, text)))
+        texts = obj.text if isinstance(obj.text, list) else [obj.text]  # not validated yet: any JSON
+        size = sum(len(t) for t in texts if isinstance(t, str))
+        return await self._off_loop(self.tokenize_and_validate, obj, size=size)
 
     async def _off_loop(self, fn: Callable, arg: Any, size: int) -> Any:
         """Run ``fn`` in the tokenizing thread (inline for the Engine); after a large request,
