@@ -76,6 +76,11 @@ class ServerArgs:
     max_request_bytes: int = 32 << 20  # a larger body is refused with 413
     http_read_timeout: float = 10.0  # seconds for a request's head, and between chunks of its body
     graceful_shutdown_timeout: float = 30.0  # on SIGTERM, how long requests in flight may finish
+    # Reliability (http_guards.py, constrained/): a whole-body deadline beside the gap timeout; origins
+    # admitted besides loopback ones when bound to loopback ("*": any); grammar compilation's limits.
+    http_body_timeout: float = 60.0
+    allowed_origins: Optional[str] = None
+    grammar_compile_timeout: float = 30.0  # seconds a grammar may compile before its requests are aborted
 
     # Serving (SGLang's flags): stream only the new text and ids of each /generate chunk, instead of
     # everything so far; run client-supplied logit processors (they are code: off by default).
@@ -178,7 +183,7 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
-        for name in ("max_request_bytes", "http_read_timeout"):
+        for name in ("max_request_bytes", "http_read_timeout", "http_body_timeout", "grammar_compile_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.graceful_shutdown_timeout < 0:

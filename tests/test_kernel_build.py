@@ -49,3 +49,23 @@ def test_a_second_checkout_reuses_the_cached_build(tmp_path):
     where, _ = _run(code, tmp_path, env).split()
     assert where.startswith(str(clone))  # the copy's sources were the ones read
     assert {p: p.stat().st_mtime_ns for p in libraries} == before  # and no library was rebuilt
+
+
+def test_the_cache_key_covers_the_toolchain_the_build_file_records(tmp_path, monkeypatch):
+    """build.ninja records the compiler and this venv's include and library paths: another venv
+    or compiler must get its own directory, not rebuild (and block on) this one's."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("MINISGL_KERNEL_CACHE", str(tmp_path))
+    flags = ["-O3"]
+    here = cpu._build_dir(flags)
+    assert cpu._build_dir(flags) == here  # stable
+    with monkeypatch.context() as m:
+        m.setattr(cpp_extension, "include_paths", lambda *a, **k: ["/other/venv/torch/include"])
+        assert cpu._build_dir(flags) != here
+    with monkeypatch.context() as m:
+        m.setattr(cpp_extension, "library_paths", lambda *a, **k: ["/other/venv/torch/lib"])
+        assert cpu._build_dir(flags) != here
+    with monkeypatch.context() as m:
+        m.setenv("CXX", "clang++")
+        assert cpu._build_dir(flags) != here

@@ -44,10 +44,10 @@ def router(tiny_llama, tmp_path_factory, monkeypatch_module):
     port = _free_port_block(4)
     server_argv = ["--model-path", tiny_llama, "--served-model-name", "tiny", "--max-total-tokens", "4096"]
     log_dir = str(tmp_path_factory.mktemp("replicas"))
-    procs = launch_replicas.launch(2, port, server_argv, log_dir=log_dir, timeout=240)
+    supervisor = launch_replicas.launch(2, port, server_argv, log_dir=log_dir, timeout=240)
     yield f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{port + 1}", f"http://127.0.0.1:{port + 2}"]
-    launch_replicas.stop(procs)
-    assert all(p.returncode is not None for p in procs)
+    supervisor.stop()
+    assert all(p.returncode is not None for p in supervisor.procs)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from tests.test_server import _free_port
 
 MAX_BYTES = 64 * 1024
 READ_TIMEOUT = 1.0
+BODY_TIMEOUT = 3.0
 
 
 def launch(model: str, log_path, *flags: str) -> tuple[subprocess.Popen, str]:
@@ -51,6 +52,7 @@ def launch(model: str, log_path, *flags: str) -> tuple[subprocess.Popen, str]:
 def server(tiny_llama, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("hardening") / "server.log"
     flags = ["--max-request-bytes", str(MAX_BYTES), "--http-read-timeout", str(READ_TIMEOUT)]
+    flags += ["--http-body-timeout", str(BODY_TIMEOUT)]
     proc, url = launch(tiny_llama, log_path, *flags)
     yield url
     proc.terminate()
@@ -134,6 +136,55 @@ def test_a_stalled_body_is_a_408(server):
         reply += sock.recv(4096)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 408"), reply
+
+
+def test_a_trickled_body_meets_the_whole_body_deadline(server):
+    """A byte every 0.3 s never stalls for the 1 s gap timeout; the whole-body deadline ends it."""
+    sock = connect(server)
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n")  # fmt: skip
+    sock.settimeout(0.3)
+    reply = b""
+    for _ in range(int(4 * BODY_TIMEOUT / 0.3)):  # at most 4x the deadline, then the assert says so
+        try:
+            sock.send(b" ")
+            reply += sock.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if b"\r\n\r\n" in reply:
+            break
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert b"--http-body-timeout" in reply
+    assert_serving(server)
+
+
+CROSS_SITE = [("/generate", '{"text": "hi", "sampling_params": {"max_new_tokens": 1}}'),
+              ("/abort_request", '{"abort_all": true}'), ("/flush_cache", "{}")]  # fmt: skip
+
+
+@pytest.mark.parametrize("route,body", CROSS_SITE)
+def test_cross_site_simple_posts_are_refused(server, route, body):
+    """What a form or a no-cors fetch on any web page can send: a text/plain body, its own Origin."""
+    evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+    assert "evil.example" in assert_openai_error(httpx.post(f"{server}{route}", content=body, headers=evil), 403)
+    for origin in ("null", "http://127.0.0.1.evil.example:8000"):
+        headers = {"Origin": origin, "Content-Type": "application/json"}
+        assert_openai_error(httpx.post(f"{server}{route}", content=body, headers=headers), 403)
+    plain = {"Content-Type": "text/plain"}
+    assert "application/json" in assert_openai_error(httpx.post(f"{server}{route}", content=body, headers=plain), 415)
+    # A page on a loopback origin, and a client that sends no Origin, are served.
+    local = {"Origin": "http://localhost:3000", "Content-Type": "application/json"}
+    assert httpx.post(f"{server}{route}", content=body, headers=local, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/generate", "/abort_request", "/v1/completions", "/tokenize"])
+def test_a_deeply_nested_body_is_a_400_naming_the_limit(server, route):
+    deep = httpx.post(f"{server}{route}", content="[" * 5000, headers={"Content-Type": "application/json"})
+    assert "5000 levels" in assert_openai_error(deep, 400)
+    assert_serving(server)
 
 
 @pytest.mark.parametrize("host", ["localhost", "localhost:1234", "127.0.0.1", "127.0.0.1:80", "[::1]", "[::1]:30000"])
@@ -225,12 +276,14 @@ def test_sigterm_past_the_timeout_ends_the_rest_with_an_error_and_exits(tiny_lla
     errors = 0
     for events in streams:
         assert events and events[0][0] == "status", events
-        if events[0][1] != 200:  # still queued: the error is the whole (OpenAI-shaped) answer
+        if events[0][1] != 200:  # still queued: the error is the whole (OpenAI-shaped) answer, a 503
+            assert events[0][1] == 503, events
             errors += 1
             continue
         last = _data(events)[-1]
         # A stream that had begun ends with an event, never silently: the error, or its finish.
         assert "error" in last or last["meta_info"]["finish_reason"]["type"] == "length", events[-2:]
+        assert "error" not in last or last["error"]["code"] == 503, last
         errors += "error" in last
     assert errors >= 2, streams
     assert "aborting them" in log_path.read_text()

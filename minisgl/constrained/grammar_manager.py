@@ -6,13 +6,18 @@ queue instead of the waiting queue; once its compilation is done (at once, on a 
 hit) it gets its own grammar object and moves on. With tensor parallelism each rank
 compiles for itself, and a request moves only when it is ready on every rank, so the
 ranks keep scheduling the same batches. The backend is built on the first constrained
-request: an engine that never sees one never imports xgrammar. SGLang also times
-compilations out and supports other backends; omitted.
+request: an engine that never sees one never imports xgrammar. A compilation that takes
+longer than ``--grammar-compile-timeout`` ends its requests with an abort naming the flag
+(SGLang: SGLANG_GRAMMAR_MAX_POLL_ITERATIONS polls in get_ready_grammar_requests,
+python/sglang/srt/constrained/grammar_manager.py:107),
+and the key is remembered as failed; one whose requests were all aborted is cancelled if it
+has not started. SGLang also supports other backends; omitted.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Optional
 
@@ -30,12 +35,14 @@ GRAMMAR_POLL_INTERVAL_S = 0.05
 
 
 class GrammarManager:
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int], compile_timeout: float = 30.0) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
+        self.compile_timeout = compile_timeout
         self.grammar_backend: Optional[BaseGrammarBackend] = None
-        self.grammar_queue: list[tuple["Req", Future]] = []
+        # (request, its compilation, when it entered the queue)
+        self.grammar_queue: list[tuple["Req", Future, float]] = []
 
     def has_waiting_grammars(self) -> bool:
         return bool(self.grammar_queue)
@@ -50,7 +57,7 @@ class GrammarManager:
         except (ImportError, ValueError) as e:
             future = Future()  # no backend: the request leaves the queue at the next look, with the reason
             future.set_exception(ValueError(str(e)))
-        self.grammar_queue.append((req, future))
+        self.grammar_queue.append((req, future, time.monotonic()))
         return True
 
     def _get_backend(self) -> BaseGrammarBackend:
@@ -71,21 +78,37 @@ class GrammarManager:
             return []
         if block:
             concurrent.futures.wait(
-                [f for _, f in self.grammar_queue], GRAMMAR_POLL_INTERVAL_S, concurrent.futures.FIRST_COMPLETED
+                [f for _, f, _ in self.grammar_queue], GRAMMAR_POLL_INTERVAL_S, concurrent.futures.FIRST_COMPLETED
             )
-        ready = {i for i, (req, future) in enumerate(self.grammar_queue) if req.finished() or future.done()}
-        ready = _ready_on_every_rank(ready)
+        now = time.monotonic()
+        ready = {i for i, (req, future, _) in enumerate(self.grammar_queue) if req.finished() or future.done()}
+        late = {
+            i for i, (_, _, t) in enumerate(self.grammar_queue) if i not in ready and now - t > self.compile_timeout
+        }
+        ready, late = _ready_on_every_rank(ready, late)
         out = []
-        for i in sorted(ready):
-            req, future = self.grammar_queue[i]
+        for i in sorted(ready | late):
+            req, future, _ = self.grammar_queue[i]
             if req.finished():
+                continue
+            if i in late:
+                message = f"the grammar did not compile within --grammar-compile-timeout {self.compile_timeout} s"
+                req.abort(message)
+                self.grammar_backend.set_failed(req.sampling_params.grammar_key, ValueError(message))
+                out.append(req)
                 continue
             try:
                 req.grammar = future.result().copy()
             except Exception as e:  # a spec that fails to compile ends its own request, not the scheduler
                 req.abort(str(e))
             out.append(req)
-        self.grammar_queue = [entry for i, entry in enumerate(self.grammar_queue) if i not in ready]
+        left = [entry for i, entry in enumerate(self.grammar_queue) if i not in ready | late]
+        waited_for = {id(f) for _, f, _ in left}
+        for i in ready | late:  # compilations nobody waits for any more: cancel those not started
+            req, future, _ = self.grammar_queue[i]
+            if id(future) not in waited_for and not future.done() and self.grammar_backend is not None:
+                self.grammar_backend.cancel(req.sampling_params.grammar_key, future)
+        self.grammar_queue = left
         if out:
             num_failed = sum(r.finished() for r in out)
             tracing.point(
@@ -94,11 +117,13 @@ class GrammarManager:
         return out
 
 
-def _ready_on_every_rank(ready: set[int]) -> set[int]:
-    """The queue positions ready on all TP ranks (their queues hold the same requests, in order)."""
+def _ready_on_every_rank(ready: set[int], late: set[int]) -> tuple[set[int], set[int]]:
+    """The queue positions ready on all TP ranks, and those late on any (SGLang's rule); their
+    queues hold the same requests, in order, so every rank ends a late request alike."""
     tp_group = get_tp_group()
     if tp_group is None or tp_group.world_size == 1:
-        return ready
-    gathered: list[Optional[set[int]]] = [None] * tp_group.world_size
-    dist.all_gather_object(gathered, ready, group=tp_group.cpu_group)
-    return set.intersection(*gathered)
+        return ready, late
+    gathered: list[Optional[tuple[set[int], set[int]]]] = [None] * tp_group.world_size
+    dist.all_gather_object(gathered, (ready, late), group=tp_group.cpu_group)
+    late = set.union(*(g[1] for g in gathered))
+    return set.intersection(*(g[0] for g in gathered)) - late, late

@@ -18,7 +18,7 @@ import torch
 import xgrammar as xgr
 
 from minisgl import tracing
-from minisgl.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
+from minisgl.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject, check_grammar_limits
 from minisgl.sampling.sampling_params import GRAMMAR_KINDS
 
 # xgrammar's C++ errors start with "[time] path/file.cc:line: "; the rest names the problem.
@@ -32,16 +32,19 @@ def _grammar_error(kind: str, error: Exception) -> ValueError:
 
 
 def check_grammar(kind: str, spec: str) -> None:
-    """Raise a ValueError naming the problem if ``spec`` is not a valid grammar of ``kind``."""
+    """Raise a ValueError naming the problem if ``spec`` is not a valid grammar of ``kind``, or
+    breaks one of the limits of base_grammar_backend.py."""
+    try:
+        schema = check_grammar_limits(kind, _PARAM_OF_KIND[kind], spec)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid json_schema: not JSON ({e})") from None
     try:
         if kind == "json":
-            xgr.Grammar.from_json_schema(json.loads(spec))
+            xgr.Grammar.from_json_schema(schema)
         elif kind == "regex":
             xgr.Grammar.from_regex(spec)
         else:
             xgr.Grammar.from_ebnf(spec)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid json_schema: not JSON ({e})") from None
     except (RuntimeError, TypeError, ValueError) as e:
         raise _grammar_error(kind, e) from None
 

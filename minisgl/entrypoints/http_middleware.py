@@ -7,7 +7,9 @@ Beyond SGLang, which leaves these to a proxy in front of it:
 - ``DrainMiddleware``: counts requests in flight and, once the server is draining for a
   graceful shutdown, answers new ones 503.
 - ``RequestBodyMiddleware``: reads the body before the app does, refusing one larger than
-  ``--max-request-bytes`` (413) or one that stalls between chunks (408).
+  ``--max-request-bytes`` (413), one that stalls between chunks (``--http-read-timeout``)
+  or one not complete within ``--http-body-timeout`` of its first byte (408): a body
+  trickled a byte a second never stalls, so only the whole-body deadline ends it.
 - ``HeaderTimeoutH11Protocol``: uvicorn's HTTP/1.1 protocol with a deadline for the
   request head; uvicorn's keep-alive timer stops at a client's first byte, so a client
   that sends its headers a byte at a time (slowloris) held its connection forever.
@@ -116,15 +118,17 @@ class DrainMiddleware:
 
 
 class RequestBodyMiddleware:
-    """Read the whole body first: over ``max_bytes`` is a 413, a stall of ``timeout`` s a 408.
+    """Read the whole body first: over ``max_bytes`` is a 413; a stall of ``timeout`` s, or a
+    body not in within ``body_timeout`` s, a 408.
 
     The app then reads the body from memory; what the client sends afterwards (its
     disconnect) still reaches the app through the original ``receive``."""
 
-    def __init__(self, app, max_bytes: int, timeout: float) -> None:
+    def __init__(self, app, max_bytes: int, timeout: float, body_timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -136,11 +140,16 @@ class RequestBodyMiddleware:
             await _send_error(scope, receive, send, too_large, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
             return
         chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
         while more:
+            left = deadline - asyncio.get_running_loop().time()
             try:
-                message = await asyncio.wait_for(receive(), self.timeout)
+                message = await asyncio.wait_for(receive(), min(self.timeout, max(left, 0)))
             except asyncio.TimeoutError:
-                message = f"The request body was not received within {self.timeout} s."
+                if left <= self.timeout:
+                    message = f"The request body was not complete within --http-body-timeout {self.body_timeout} s."
+                else:
+                    message = f"The request body was not received within {self.timeout} s."
                 await _send_error(scope, receive, send, message, HTTPStatus.REQUEST_TIMEOUT)
                 return
             if message["type"] == "http.disconnect":
@@ -207,11 +216,18 @@ class HeaderTimeoutH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def harden(app, max_request_bytes: int, read_timeout: float, loopback_only: bool) -> tuple:
+def harden(app, server_args, loopback_only: bool) -> tuple:
     """Wrap ``app`` in the middleware above; return the ASGI app to serve and its DrainMiddleware.
 
-    Outermost first: the Host check, the drain gate, the body limits, then the app."""
-    drain = DrainMiddleware(RequestBodyMiddleware(app, max_request_bytes, read_timeout))
+    Outermost first: the Host check, the drain gate, the body limits, the cross-site checks
+    (http_guards.py), then the app."""
+    from minisgl.entrypoints.http_guards import CrossSiteMiddleware, parse_allowed_origins
+
+    guarded = CrossSiteMiddleware(app, loopback_only, parse_allowed_origins(server_args.allowed_origins))
+    body = RequestBodyMiddleware(
+        guarded, server_args.max_request_bytes, server_args.http_read_timeout, server_args.http_body_timeout
+    )
+    drain = DrainMiddleware(body)
     app.state.drain = drain  # /get_server_info reports the requests in flight
     return (HostAllowlistMiddleware(drain) if loopback_only else drain), drain
 

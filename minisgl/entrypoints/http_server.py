@@ -16,7 +16,6 @@ Ollama/SageMaker/Vertex routes, warm-up requests.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 from http import HTTPStatus
 from typing import AsyncIterator, Optional
@@ -29,6 +28,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minisgl.entrypoints.http_errors import (
+    http_exception_handler,
+    internal_error_handler,
+    validation_exception_handler,
+)
+from minisgl.entrypoints.http_guards import APIKeyMiddleware
 from minisgl.entrypoints.http_middleware import GracefulServer, harden, header_timeout_protocol, is_loopback
 from minisgl.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -40,7 +45,7 @@ from minisgl.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from minisgl.entrypoints.openai.serving_base import create_error_response, error_body
+from minisgl.entrypoints.openai.serving_base import create_error_response, error_body, error_status
 from minisgl.entrypoints.openai.serving_chat import OpenAIServingChat
 from minisgl.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minisgl.managers.io_struct import GenerateReqInput
@@ -66,12 +71,12 @@ def _jsonable(obj):
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    # SGLang's /health runs a one-token generation; here a live scheduler thread is the test.
-    tm = _tokenizer_manager(request)
-    if tm.is_healthy():
+    # SGLang's /health runs a one-token generation; here a live scheduler thread, and with
+    # tensor parallelism every rank process alive, is the test.
+    problem = _tokenizer_manager(request).health_problem()
+    if problem is None:
         return Response(status_code=HTTPStatus.OK)
-    reason = f"the scheduler failed: {tm.error!r}" if tm.error else "the scheduler has stopped"
-    return create_error_response(reason, HTTPStatus.SERVICE_UNAVAILABLE)
+    return create_error_response(problem, HTTPStatus.SERVICE_UNAVAILABLE)
 
 
 @router.get("/get_server_info")
@@ -114,7 +119,7 @@ async def generate_request(request: Request) -> Response:
                 yield _sse_event(out)
         except Exception as e:
             # The status line has gone out; the error can only travel in the stream.
-            yield f"data: {error_body(str(e), HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json()}\n\n"
+            yield f"data: {error_body(str(e), error_status(e)).model_dump_json()}\n\n"
         finally:
             await stream.aclose()  # aborts what has not finished: a client that hangs up frees its KV
         yield "data: [DONE]\n\n"
@@ -160,13 +165,18 @@ router.add_api_route("/model_info", get_model_info, methods=["GET"])
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     tm = _tokenizer_manager(request)
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    tokens = [tm.tokenizer.encode(p, add_special_tokens=body.add_special_tokens) for p in prompts]
+    try:
+        tokens = await tm.encode_texts(prompts, body.add_special_tokens)
+    except ValueError as e:  # a lone surrogate, a text longer than the context could hold
+        return create_error_response(str(e))
     if isinstance(body.prompt, str):
-        return TokenizeResponse(tokens=tokens[0], count=len(tokens[0]), max_model_len=tm.context_len)
-    return TokenizeResponse(tokens=tokens, count=[len(t) for t in tokens], max_model_len=tm.context_len)
+        out = TokenizeResponse(tokens=tokens[0], count=len(tokens[0]), max_model_len=tm.context_len)
+    else:
+        out = TokenizeResponse(tokens=tokens, count=[len(t) for t in tokens], max_model_len=tm.context_len)
+    return JSONResponse(out.model_dump())
 
 
 @router.post("/detokenize")
@@ -177,7 +187,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     vocab = tm.worker_info.vocab_size
     if any(not 0 <= t < vocab for seq in seqs for t in seq):
         return create_error_response(f"tokens must be token ids in [0, {vocab})")
-    texts = [tm.tokenizer.decode(seq, skip_special_tokens=body.skip_special_tokens) for seq in seqs]
+    texts = await tm.decode_ids(seqs, body.skip_special_tokens)
     return JSONResponse(DetokenizeResponse(text=texts[0] if single else texts).model_dump())
 
 
@@ -275,50 +285,6 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-# ---- errors and authentication --------------------------------------------------------------
-
-
-async def validation_exception_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI answers a body that fails validation with 422; OpenAI's clients expect 400."""
-    parts = []
-    for err in exc.errors():
-        if err["type"] == "json_invalid":
-            return create_error_response(f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])}")
-        where = ".".join(str(p) for p in err["loc"] if p != "body")
-        msg = err["msg"].removeprefix("Value error, ")  # our own refusals read as written
-        parts.append(f"{where}: {msg}" if where else msg)
-    return create_error_response("invalid request: " + "; ".join(parts))
-
-
-async def http_exception_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return create_error_response(str(exc.detail), exc.status_code)
-
-
-async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    return create_error_response(f"internal server error: {exc!r}", HTTPStatus.INTERNAL_SERVER_ERROR)
-
-
-class APIKeyMiddleware:
-    """Every route but /health needs ``Authorization: Bearer <api_key>``.
-
-    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
-    BaseHTTPMiddleware wraps the response stream, and a streaming client's
-    disconnect must reach the route untouched to abort its request."""
-
-    def __init__(self, app, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                response = create_error_response("Incorrect or missing API key.", HTTPStatus.UNAUTHORIZED)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 # ---- assembly and launch --------------------------------------------------------------------
 
 
@@ -363,9 +329,7 @@ def launch_server(
     logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     tokenizer_manager = TokenizerManager(server_args, threaded=True)
     app = create_app(tokenizer_manager, served_model_name, api_key)
-    asgi_app, drain = harden(
-        app, server_args.max_request_bytes, server_args.http_read_timeout, loopback_only=is_loopback(host)
-    )
+    asgi_app, drain = harden(app, server_args, loopback_only=is_loopback(host))
     config = uvicorn.Config(
         asgi_app,
         host=host,

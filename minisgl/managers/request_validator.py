@@ -37,6 +37,17 @@ class RequestValidator:
         self.is_moe = is_moe
         self.speculative = server_args.speculative_algorithm is not None
 
+    def check_text_length(self, name: str, text: str, max_token_chars: int) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit the context: no token covers more
+        than ``max_token_chars`` characters (4x for a normalizer that composes characters), so a
+        longer text is more tokens than the context holds. Tokenizing 24 MB took 99 s."""
+        limit = self.context_len * max_token_chars * 4
+        if len(text) > limit:
+            raise ValueError(
+                f"{name} is {len(text)} characters, more than the {self.context_len}-token context can hold "
+                f"(at most {limit} characters)"
+            )
+
     def make_tokenized_request(
         self, spec: dict[str, Any], text: Optional[str], ids: list[int], stream: bool
     ) -> TokenizedGenerateReqInput:

@@ -86,7 +86,9 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.waiting_queue: list[Req] = []
-        self.grammar_manager = GrammarManager(self.tokenizer, self.worker_info.vocab_size, self.eos_token_ids)
+        self.grammar_manager = GrammarManager(
+            self.tokenizer, self.worker_info.vocab_size, self.eos_token_ids, server_args.grammar_compile_timeout
+        )
         self.running_batch = self._new_batch([])
         self.last_batch: Optional[ScheduleBatch] = None
         self.cur_batch: Optional[ScheduleBatch] = None  # the batch this step prepares, runs and accounts for

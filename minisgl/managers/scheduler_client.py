@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import socket
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as mp_wait
 from typing import Any, Optional
 
 from minisgl.configs.model_config import ModelConfig
@@ -135,6 +136,12 @@ class SchedulerClient:
 
     def is_idle(self) -> bool:
         return not self._in_flight
+
+    def dead_ranks(self) -> list[str]:
+        """The rank processes of this node that have exited. Safe from any thread: it only asks
+        whether a process's sentinel is readable, never reaps it (the scheduler thread does)."""
+        exited = set(mp_wait([p.sentinel for p in self._procs], timeout=0))
+        return [p.name for p in self._procs if p.sentinel in exited]
 
     def shutdown(self) -> None:
         """Tell rank 0 to stop (it tells the others), then reap this node's processes."""

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class SchedulerStoppedError(RuntimeError):
+    """The scheduler has stopped (a drain's end, or a fatal error): the server answers 503."""
+
+
 class SchedulerHandle(Protocol):
     """What a driver needs of a scheduler: the in-process Scheduler, or the SchedulerClient of
     rank 0's process under tensor parallelism."""
@@ -100,7 +104,7 @@ class _Driver:
 
     def _claim(self, reqs: list[TokenizedGenerateReqInput], state: ReqState) -> None:
         if self.closed:
-            raise RuntimeError("the scheduler has stopped")
+            raise SchedulerStoppedError("the scheduler has stopped")
         rids = [r.rid for r in reqs]
         # A rid is taken until the scheduler has reported it finished, aborted ones included.
         taken = [rid for rid in rids if rid in self.routes]
@@ -120,9 +124,9 @@ class _Driver:
         states, self.routes = list(self.routes.values()), {}
         return states
 
-    def _stopped_error(self) -> RuntimeError:
+    def _stopped_error(self) -> SchedulerStoppedError:
         detail = f" after an error: {self.error!r}" if self.error else ""
-        return RuntimeError("the scheduler has stopped" + detail)
+        return SchedulerStoppedError("the scheduler has stopped" + detail)
 
     def in_flight_rids(self) -> list[str]:
         return list(self.routes)
@@ -158,7 +162,7 @@ class InlineDriver(_Driver):
         """Run one step (SGLang's event_loop_normal, one iteration), then let the other coroutines
         stepping this scheduler take their outputs."""
         if self.error is not None:
-            raise RuntimeError(f"the scheduler has stopped after an error: {self.error!r}")
+            raise SchedulerStoppedError(f"the scheduler has stopped after an error: {self.error!r}")
         self._route(self._guarded(self.scheduler.step))
         await asyncio.sleep(0)
 

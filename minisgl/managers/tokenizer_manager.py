@@ -21,10 +21,11 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from minisgl import tracing
 from minisgl.hf_transformers_utils import get_tokenizer
+from minisgl.malloc_trim import TRIM_AFTER_CHARS, malloc_trim
 from minisgl.managers.generate_run import GenerateRun
 from minisgl.managers.io_struct import (
     ExpertDistributionReq,
@@ -33,9 +34,10 @@ from minisgl.managers.io_struct import (
     GetInternalStateReq,
     ReqOutput,
     TokenizedGenerateReqInput,
+    check_text,
 )
 from minisgl.managers.request_validator import RequestValidator
-from minisgl.managers.scheduler_driver import InlineDriver, ReqState, ThreadedDriver
+from minisgl.managers.scheduler_driver import InlineDriver, ReqState, SchedulerStoppedError, ThreadedDriver
 from minisgl.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -60,14 +62,16 @@ class TokenizerManager:
         # metrics_collector.MetricsCollectors, set by the server under --enable-metrics; None costs nothing.
         self.metrics = None
 
-        self._encode = self.tokenizer.encode
+        self._tokenizing_tokenizer = self.tokenizer
         self._tokenize_pool = None
         if threaded:
             # Tokenizing a long prompt takes seconds; it must not stall the event loop. An HF fast
             # tokenizer cannot encode in one thread while it decodes in another ("Already
             # borrowed"), so the tokenizing thread gets a tokenizer of its own.
-            self._encode = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path).encode
+            self._tokenizing_tokenizer = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
             self._tokenize_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="minisgl-tokenize")
+        self._encode = self._tokenizing_tokenizer.encode
+        self._max_token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
 
     @property
     def error(self) -> Optional[BaseException]:
@@ -106,12 +110,37 @@ class TokenizerManager:
             yield run.result()
 
     async def _tokenize(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
-        if self._tokenize_pool is None:
-            return self.tokenize_and_validate(obj)
         if self.driver.closed:
-            raise RuntimeError("the scheduler has stopped")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self.tokenize_and_validate, obj)
+            raise SchedulerStoppedError("the scheduler has stopped")
+        texts = obj.text if isinstance(obj.text, list) else [obj.text]  # not validated yet: any JSON
+        size = sum(len(t) for t in texts if isinstance(t, str))
+        return await self._off_loop(self.tokenize_and_validate, obj, size=size)
+
+    async def _off_loop(self, fn: Callable, arg: Any, size: int) -> Any:
+        """Run ``fn`` in the tokenizing thread (inline for the Engine); after a large request,
+        hand the memory it freed back to the OS."""
+        try:
+            if self._tokenize_pool is None:
+                return fn(arg)
+            return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, arg)
+        finally:
+            if size > TRIM_AFTER_CHARS:  # cheap next to tokenizing that much
+                malloc_trim()
+
+    async def encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """/tokenize: the same checks and the same thread as a prompt of /generate."""
+        for text in texts:
+            check_text("prompt", text)
+            self.validator.check_text_length("prompt", text, self._max_token_chars)
+        encode = self._tokenizing_tokenizer.encode
+        run = lambda ts: [encode(t, add_special_tokens=add_special_tokens) for t in ts]  # noqa: E731
+        return await self._off_loop(run, texts, size=sum(map(len, texts)))
+
+    async def decode_ids(self, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """/detokenize, off the event loop."""
+        decode = self._tokenizing_tokenizer.decode
+        run = lambda ss: [decode(s, skip_special_tokens=skip_special_tokens) for s in ss]  # noqa: E731
+        return await self._off_loop(run, seqs, size=sum(map(len, seqs)))
 
     @tracing.traced
     def tokenize_and_validate(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
@@ -127,6 +156,7 @@ class TokenizerManager:
             if text is not None:
                 prompt_index = i // obj.parallel_sample_num
                 if prompt_index not in encoded:
+                    self.validator.check_text_length("text", text, self._max_token_chars)
                     encoded[prompt_index] = self._encode(text)
                 ids = encoded[prompt_index]
             else:
@@ -152,7 +182,10 @@ class TokenizerManager:
         return self.driver.in_flight_rids()
 
     def abort_request(self, rid: str) -> None:
-        """End a request wherever it is; the scheduler frees its KV when it applies the abort."""
+        """End a request wherever it is; the scheduler frees its KV when it applies the abort. Only a
+        rid in flight counts as aborted (num_aborted_requests, /metrics)."""
+        if rid not in self.driver.in_flight_rids():
+            return
         self.num_aborted_reqs += 1
         self.driver.abort(rid)
 
@@ -191,6 +224,14 @@ class TokenizerManager:
 
     def is_healthy(self) -> bool:
         return not self.driver.closed
+
+    def health_problem(self) -> Optional[str]:
+        """Why /health should fail, or None: the scheduler stopped, or (tensor parallel) a rank
+        process died. An idle group notices a dead rank only at its next request; this does not wait."""
+        if self.driver.closed:
+            return f"the scheduler failed: {self.error!r}" if self.error else "the scheduler has stopped"
+        dead = getattr(self.driver.scheduler, "dead_ranks", lambda: [])()
+        return f"scheduler process {dead[0]} has exited" if dead else None
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the scheduler after its current step; requests still waiting get an error."""

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from minisgl.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
 from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.scheduler_driver import SchedulerStoppedError
 from minisgl.managers.tokenizer_manager import TokenizerManager
 
 
@@ -32,6 +33,11 @@ def error_body(message: str, status_code: int) -> ErrorResponse:
     else:
         error_type = "invalid_request_error" if status_code < 500 else "server_error"
     return ErrorResponse(error=ErrorInfo(message=message, type=error_type, code=int(status_code)))
+
+
+def error_status(e: Exception) -> int:
+    """The status an error that ends a request stands for: 503 when the scheduler has stopped."""
+    return HTTPStatus.SERVICE_UNAVAILABLE if isinstance(e, SchedulerStoppedError) else HTTPStatus.INTERNAL_SERVER_ERROR
 
 
 def create_error_response(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> JSONResponse:
@@ -95,7 +101,7 @@ class OpenAIServingBase:
                     yield f"data: {event.model_dump_json()}\n\n"
             except Exception as e:
                 # The status line has gone out; the error can only travel in the stream (SGLang's way).
-                yield f"data: {error_body(str(e), HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json()}\n\n"
+                yield f"data: {error_body(str(e), error_status(e)).model_dump_json()}\n\n"
             finally:
                 # Closing the TokenizerManager's generator aborts whatever has not finished,
                 # which is how a client that hangs up frees its KV.

@@ -64,9 +64,26 @@ _ISA_FLAGS = {
 }
 
 
+def _build_toolchain() -> list[str]:
+    """What torch's build.ninja records besides the sources and flags: the compiler, and the
+    include and library paths of this venv's torch and Python. Two venvs (or compilers) thus get
+    two directories instead of rebuilding one in turn, each start blocking on the build lock."""
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    cxx = os.environ.get("CXX", "c++")
+    return [cxx, os.path.realpath(shutil.which(cxx) or cxx), sysconfig.get_paths()["include"]] + [
+        *include_paths(),
+        *library_paths(),
+    ]
+
+
 def _build_dir(flags: list[str]) -> Path:
-    """One cache directory per source text, flags and torch version, so a stale build is never loaded."""
+    """One cache directory per source text, flags, torch version and toolchain (_build_toolchain),
+    so a stale build is never loaded and a build another venv made is never overwritten."""
     digest = hashlib.sha256(torch.__version__.encode() + " ".join(flags).encode())
+    digest.update("\0".join(_build_toolchain()).encode())
     for name in _SOURCES + _HEADERS:
         digest.update((Path(__file__).parent / name).read_bytes())
     root = Path(os.environ.get("MINISGL_KERNEL_CACHE", Path.home() / ".cache" / "minisgl" / "kernels"))
