@@ -54,6 +54,12 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 32
 
+    # Overlap scheduling and the graph runner (SGLang's names; docs/chapters/scheduler.md says
+    # why the normal loop is the default on a CPU)
+    disable_overlap_schedule: bool = False
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
+
     # Side outputs
     enable_return_hidden_states: bool = False
     enable_return_routed_experts: bool = False

@@ -11,8 +11,10 @@ re-prefilled from prompt + output so far. The scheduler talks only to the
 TpModelWorker, never to a ModelRunner or a model (claim C1). With one rank
 the Engine runs the Scheduler in-process; with tensor parallelism each rank
 runs one in its own process (scheduler_process.py), rank 0 receiving the
-requests and broadcasting them, as SGLang does. SGLang's scheduler is also an
-IPC hub (ZMQ), runs overlap scheduling and disaggregation; omitted.
+requests and broadcasting them, as SGLang does. step() runs one iteration of
+either loop: event_loop_normal's here, event_loop_overlap's in
+scheduler_overlap_mixin.py. SGLang's scheduler is also an IPC hub (ZMQ) and runs
+disaggregation; omitted.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from minisgl.managers.schedule_policy import (
     SchedulePolicy,
 )
 from minisgl.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from minisgl.managers.scheduler_overlap_mixin import SchedulerOverlapMixin
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
@@ -58,7 +61,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_INTERVAL_S = 1.0
 
 
-class Scheduler(SchedulerOutputProcessorMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin):
     """Mirrors Scheduler in scheduler.py; see the module docstring for what it omits."""
 
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
@@ -98,6 +101,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
         self._rid_to_req: dict[str, Req] = {}
+        self.init_overlap()
 
     def maybe_init_draft_worker(self) -> None:
         """With speculative decoding, the draft worker wraps the target's (SGLang's order and name)."""
@@ -142,6 +146,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         else:
             self.running_batch.filter_batch()
         self._finish(req)
+        self.drain_finished_in_flight()
 
     # ---- choosing a batch ----------------------------------------------------------------
 
@@ -199,6 +204,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():
+            self.process_results_in_flight()  # overlap: retract only settled requests
+        if batch.is_empty():
+            return None
+        if not batch.check_decode_mem():
             retracted = batch.retract_decode()
             self.num_retracted_reqs += len(retracted)
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -213,7 +222,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         self.cur_batch = batch
-        batch.prepare_for_decode()
+        batch.prepare_for_decode(self.future_token_ids)
         return batch
 
     # ---- running it ----------------------------------------------------------------------
@@ -230,8 +239,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if req.return_routed_experts:
                 slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len]
                 req.routed_experts = self.tp_worker.get_routed_experts(slots)
-            self.tree_cache.cache_finished_req(req)
-            req.req_pool_idx = None
+            if not self.defer_release(req):
+                self.release_kv_cache(req, req.kv_len)
         self._rid_to_req.pop(req.rid, None)
         req.grammar = None  # frees its matcher
         if new_ids is None:
@@ -276,6 +285,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
     # ---- the loop --------------------------------------------------------------------------
 
     def step(self) -> list[ReqOutput]:
+        """One iteration of the chosen loop, minus receiving; both drivers call this."""
+        return self.step_overlap() if self.enable_overlap else self.step_normal()
+
+    def step_normal(self) -> list[ReqOutput]:
         """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
 
         Fault isolation, a second line behind request validation: an exception while a
@@ -309,22 +322,28 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.running_batch.filter_batch()
 
     def is_idle(self) -> bool:
-        return not self._rid_to_req
+        return not self._rid_to_req and not self.result_queue
 
     # ---- tensor parallelism: one scheduler process per rank ------------------------------
 
-    def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
-        """SGLang's event_loop_normal for one TP rank: receive and broadcast, then step.
+    def event_loop(self, recv_from_engine: Optional[Connection]) -> None:
+        """One TP rank's loop: event_loop_overlap or event_loop_normal, as server_args chose."""
+        (self.event_loop_overlap if self.enable_overlap else self.event_loop_normal)(recv_from_engine)
 
-        Every rank runs the same requests through the same deterministic decisions, so the
-        batches (and the collectives inside the forward) line up without further talk.
-        Only rank 0 hears from the Engine and answers it."""
+    def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
+        """SGLang's event_loop_normal for one TP rank."""
+        self._serve(recv_from_engine, self.step_normal)
+
+    def _serve(self, recv_from_engine: Optional[Connection], step) -> None:
+        """Receive and broadcast, then step, until the Engine shuts down. Every rank runs the
+        same requests through the same deterministic decisions, so the batches (and the
+        collectives inside the forward) line up; only rank 0 hears from the Engine."""
         while True:
             recv_reqs = self.recv_requests(recv_from_engine)
             if any(r is None for r in recv_reqs):
                 return  # the Engine shut down
             replies = self.process_input_requests(recv_reqs)
-            outputs = self.step()
+            outputs = step()
             if self.tp_rank == 0 and (outputs or replies):
                 recv_from_engine.send(("out", outputs, replies))
 
