@@ -65,6 +65,7 @@ def collect(workdir: str) -> dict:
         "expert_heat": figure_data.expert_heat(moe),
         "extend_attention": figure_data.extend_attention(llama),
         "request_life": figure_data.request_life(llama),
+        "overlap_timeline": figure_data.overlap_timeline(llama),
     }
 
 
@@ -200,6 +201,43 @@ def draw_extend_attention(data: dict, out: Path) -> None:
     _save(fig, out, "extend_attention")
 
 
+def draw_overlap_timeline(data: dict, out: Path) -> None:
+    """Both loops' recorded order, laid out with unit costs: a scheduler action (prepare and
+    launch, or process) takes 1, a forward 2. A forward starts once launched and once the
+    previous forward ended; processing a batch waits for its forward (normal: same thread)."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+    colors = {"EXTEND": "#2ca02c", "DECODE": "#1f77b4"}
+    longest = 0.0
+    for ax, loop in zip(axes, ("normal", "overlap")):
+        clock, forward_end, ends = 0.0, 0.0, {}
+        for action, n, mode in data[loop]:
+            if action == "launch":
+                ax.add_patch(plt.Rectangle((clock, 1.1), 1, 0.8, color="#bbbbbb"))
+                ax.text(clock + 0.5, 1.5, f"prep {n}", ha="center", va="center", fontsize=7)
+                clock += 1
+                start = max(clock, forward_end)
+                forward_end = ends[n] = start + 2
+                row = 1.1 if loop == "normal" else 0.1
+                ax.add_patch(plt.Rectangle((start, row), 2, 0.8, color=colors[mode]))
+                ax.text(start + 1, row + 0.4, f"fwd {n}", ha="center", va="center", fontsize=7, color="white")
+                if loop == "normal":
+                    clock = forward_end
+            else:
+                clock = max(clock, ends[n])
+                ax.add_patch(plt.Rectangle((clock, 1.1), 1, 0.8, color="#ff7f0e"))
+                ax.text(clock + 0.5, 1.5, f"proc {n}", ha="center", va="center", fontsize=7)
+                clock += 1
+        ax.set_ylim(0, 2)
+        ax.set_yticks([0.5, 1.5], ["forward thread", "scheduler thread"])
+        ax.set_title(f"event_loop_{loop}: {clock:.0f} units for the same batches")
+        longest = max(longest, clock)
+    axes[-1].set_xlim(0, longest)
+    axes[-1].set_xlabel("time in units (prepare/process 1, forward 2); order recorded from a run of two requests")
+    fig.tight_layout()
+    _save(fig, out, "overlap_timeline")
+
+
 def _participant(event: str) -> str | None:
     head = event.split(".")[0]
     return {"http_server": "HTTP server", "ForwardBatch": "TpModelWorker"}.get(
@@ -273,6 +311,7 @@ def build(out: Path, data: dict) -> None:
     draw_continuous_batching(data["continuous_batching"], out)
     draw_expert_heat(data["expert_heat"], out)
     draw_extend_attention(data["extend_attention"], out)
+    draw_overlap_timeline(data["overlap_timeline"], out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
     import matplotlib
