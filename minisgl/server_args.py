@@ -54,8 +54,8 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 32
 
-    # Overlap scheduling and the graph runner (SGLang's names; docs/chapters/scheduler.md says
-    # why the normal loop is the default on a CPU)
+    # Overlap scheduling (the default, as in SGLang; docs/chapters/scheduler.md says why) and the
+    # CPU graph runner: torch.compile of decode per batch-size bucket up to torch_compile_max_bs
     disable_overlap_schedule: bool = False
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
