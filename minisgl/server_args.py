@@ -185,6 +185,12 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.enable_torch_compile and (self.device != "cpu" or self.attention_backend != "intel_amx"):
+            raise ValueError(
+                "enable_torch_compile needs device 'cpu' and attention_backend 'intel_amx' (CPUGraphRunner)"
+            )
+        if self.torch_compile_max_bs < 1:
+            raise ValueError("torch_compile_max_bs must be >= 1")
         for name in ("max_request_bytes", "http_read_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

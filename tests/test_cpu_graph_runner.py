@@ -74,3 +74,8 @@ def test_compiled_decode_equals_eager(tiny_llama):
         lp_g = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
         lp_w = [lp for lp, _, _ in w["meta_info"]["output_token_logprobs"]]
         assert lp_g == pytest.approx(lp_w, abs=1e-4)
+
+
+def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):
+    with pytest.raises(ValueError, match="enable_torch_compile"):
+        Engine(model_path=tiny_llama, enable_torch_compile=True, attention_backend="torch_native")

@@ -265,11 +265,10 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(self)
 
     def init_cpu_graph(self) -> None:
+        # ServerArgs allows enable_torch_compile only with intel_amx: torch_native's decode loops
+        # over requests in Python, which a compiled graph would bake in for one batch.
         if not self.server_args.enable_torch_compile:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
-        elif self.server_args.attention_backend != "intel_amx":
-            # torch_native's decode loops over requests in Python; a graph would bake in one batch.
-            tracing.point("ModelRunner.init_device_graphs.skipped", reason="backend is not graph-capturable")
         elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
         else:
