@@ -51,6 +51,12 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 32
 
+    # Overlap scheduling (the default, as in SGLang; docs/chapters/scheduler.md says why) and the
+    # CPU graph runner: torch.compile of decode per batch-size bucket up to torch_compile_max_bs
+    disable_overlap_schedule: bool = False
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
+
     # Side outputs
     enable_return_hidden_states: bool = False
     enable_return_routed_experts: bool = False
@@ -183,6 +189,12 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.enable_torch_compile and (self.device != "cpu" or self.attention_backend != "intel_amx"):
+            raise ValueError(
+                "enable_torch_compile needs device 'cpu' and attention_backend 'intel_amx' (CPUGraphRunner)"
+            )
+        if self.torch_compile_max_bs < 1:
+            raise ValueError("torch_compile_max_bs must be >= 1")
         for name in ("max_request_bytes", "http_read_timeout", "http_body_timeout", "grammar_compile_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

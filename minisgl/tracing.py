@@ -37,6 +37,14 @@ def point(event: str, **attrs: Any) -> None:
         events.append({"event": event, "phase": "point", **attrs})
 
 
+def extend(events: list[dict]) -> None:
+    """Append events recorded on another thread (the overlap loop's forward thread) in one piece,
+    where this thread's order puts them, so a trace stays deterministic."""
+    active = _active()
+    if active is not None:
+        active.extend(events)
+
+
 @contextlib.contextmanager
 def span(event: str, **attrs: Any) -> Iterator[None]:
     events = _active()

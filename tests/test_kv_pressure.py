@@ -28,6 +28,10 @@ def live_reqs(sched: Scheduler) -> list:
     reqs = sched.running_batch.reqs + sched.waiting_queue
     if sched.last_batch is not None and sched.last_batch is not sched.running_batch:
         reqs = reqs + sched.last_batch.reqs
+    # Overlap loop: requests of a launched batch (a chunk, one finished but still read by it).
+    in_flight = [r for b, _ in sched.result_queue for r in b.reqs] + [r for _, r, _ in sched.deferred_releases]
+    seen = {id(r) for r in reqs}
+    reqs = reqs + list({id(r): r for r in in_flight if id(r) not in seen}.values())
     return [r for r in reqs if r.req_pool_idx is not None]
 
 

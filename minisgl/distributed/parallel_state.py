@@ -35,7 +35,9 @@ class GroupCoordinator:
         self.rank_in_group = ranks.index(self.rank)
         self.device_group = dist.new_group(ranks, backend=backend)
         # Objects are pickled into CPU byte tensors, which nccl cannot carry.
-        self.cpu_group = self.device_group if backend == "gloo" else dist.new_group(ranks, backend="gloo")
+        # A group of its own even when tensors also use gloo: under overlap scheduling the forward
+        # thread's collectives and the scheduler's broadcasts run at the same time.
+        self.cpu_group = dist.new_group(ranks, backend="gloo")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:

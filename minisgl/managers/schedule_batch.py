@@ -1,13 +1,11 @@
 """Req, ScheduleBatch and ModelWorkerBatch: the scheduler's view of the work.
 
-Mirrors python/sglang/srt/managers/schedule_batch.py. A Req is one request's
-whole life (tokens, KV ownership, finish state, side outputs). A
-ScheduleBatch is the set of requests that run one forward together; its
-``prepare_for_extend`` / ``prepare_for_decode`` allocate KV slots and write
-``req_to_token``; ``get_model_worker_batch`` reduces it to the plain data the
-worker needs. A constrained request's grammar (minisgl/constrained/) ends it once
-terminated. SGLang also handles multimodal inputs, disaggregation,
-hierarchical cache and overlap scheduling here; omitted.
+Mirrors python/sglang/srt/managers/schedule_batch.py. A Req is one request's whole life (tokens,
+KV ownership, finish state, side outputs). A ScheduleBatch is the set of requests that run one
+forward together; its ``prepare_for_extend`` / ``prepare_for_decode`` allocate KV slots and write
+``req_to_token``; ``get_model_worker_batch`` reduces it to the plain data the worker needs. A
+constrained request's grammar (minisgl/constrained/) ends it once terminated. SGLang also handles
+multimodal inputs, disaggregation and hierarchical cache here; omitted.
 """
 
 from __future__ import annotations
@@ -315,10 +313,12 @@ class ScheduleBatch:
         free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
         return free >= self.new_tokens_required_next_decode()
 
-    def prepare_for_decode(self) -> None:
-        """One new token per request: its input is the last sampled token (with room for drafts)."""
+    def prepare_for_decode(self, future_token_ids: Optional[dict[str, int]] = None) -> None:
+        """One new token per request: its input is the last sampled token (with room for drafts),
+        or under overlap scheduling the placeholder of one still being computed (overlap_utils)."""
         self.forward_mode = ForwardMode.DECODE
-        self.input_ids = [r.output_ids[-1] for r in self.reqs]
+        pending = future_token_ids or {}
+        self.input_ids = [pending[r.rid] if r.rid in pending else r.output_ids[-1] for r in self.reqs]
         prefix_lens = [r.kv_len for r in self.reqs]
         seq_lens = [p + self.num_decode_tokens for p in prefix_lens]
         self.out_cache_loc = self._alloc_token_slots(prefix_lens, seq_lens)

@@ -1,18 +1,18 @@
 """Scheduler: decide what runs next, run it through the TpModelWorker, account for the results.
 
-Mirrors python/sglang/srt/managers/scheduler.py (handle_generate_request,
-get_next_batch_to_run, get_new_batch_prefill, update_running_batch, run_batch,
-abort_request, the TP event loop); admission lives in schedule_policy.py and
-result handling in scheduler_output_processor_mixin.py, as in SGLang. Continuous batching works as in SGLang: a
-step either prefills newly admitted requests or decodes the running batch, and
-a finished prefill joins the running batch at the next step. When decode runs
-out of KV slots, requests are retracted to the waiting queue and later
-re-prefilled from prompt + output so far. The scheduler talks only to the
-TpModelWorker, never to a ModelRunner or a model (claim C1). With one rank
-the Engine runs the Scheduler in-process; with tensor parallelism each rank
-runs one in its own process (scheduler_process.py), rank 0 receiving the
-requests and broadcasting them, as SGLang does. SGLang's scheduler is also an
-IPC hub (ZMQ), runs overlap scheduling and disaggregation; omitted.
+Mirrors python/sglang/srt/managers/scheduler.py (handle_generate_request, get_next_batch_to_run,
+get_new_batch_prefill, update_running_batch, run_batch, abort_request, the TP event loop);
+admission lives in schedule_policy.py and result handling in scheduler_output_processor_mixin.py,
+as in SGLang; the control requests (flush_cache, get_internal_state, the expert recorder) in
+scheduler_control_mixin.py. Continuous batching works as in SGLang: a step either prefills newly
+admitted requests or decodes the running batch, and a finished prefill joins the running batch at
+the next step. When decode runs out of KV slots, requests are retracted to the waiting queue and
+later re-prefilled from prompt + output so far. The scheduler talks only to the TpModelWorker,
+never to a ModelRunner or a model (claim C1). With one rank the Engine runs the Scheduler
+in-process; with tensor parallelism each rank runs one in its own process (scheduler_process.py),
+rank 0 receiving the requests and broadcasting them, as SGLang does. step() runs one iteration of
+either loop: event_loop_normal's here, event_loop_overlap's in scheduler_overlap_mixin.py.
+SGLang's scheduler is also an IPC hub (ZMQ) and runs disaggregation; omitted.
 """
 
 from __future__ import annotations
@@ -27,13 +27,9 @@ from minisgl import tracing
 from minisgl.constrained.grammar_manager import GrammarManager
 from minisgl.distributed.parallel_state import get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
-from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
 from minisgl.hf_transformers_utils import get_tokenizer
 from minisgl.managers.io_struct import (
     AbortReq,
-    ExpertDistributionReq,
-    FlushCacheReqInput,
-    GetInternalStateReq,
     ReqOutput,
     TokenizedGenerateReqInput,
 )
@@ -46,7 +42,9 @@ from minisgl.managers.schedule_policy import (
     PrefillAdder,
     SchedulePolicy,
 )
+from minisgl.managers.scheduler_control_mixin import SchedulerControlMixin
 from minisgl.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from minisgl.managers.scheduler_overlap_mixin import SchedulerOverlapMixin
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
@@ -58,7 +56,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_INTERVAL_S = 1.0
 
 
-class Scheduler(SchedulerOutputProcessorMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerControlMixin):
     """Mirrors Scheduler in scheduler.py; see the module docstring for what it omits."""
 
     def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
@@ -100,6 +98,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
         self._rid_to_req: dict[str, Req] = {}
+        self.init_overlap()
 
     def maybe_init_draft_worker(self) -> None:
         """With speculative decoding, the draft worker wraps the target's (SGLang's order and name)."""
@@ -144,6 +143,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         else:
             self.running_batch.filter_batch()
         self._finish(req)
+        self.drain_finished_in_flight()
 
     # ---- choosing a batch ----------------------------------------------------------------
 
@@ -201,6 +201,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():
+            self.process_results_in_flight()  # overlap: retract only settled requests
+        if batch.is_empty():
+            return None
+        if not batch.check_decode_mem():
             retracted = batch.retract_decode()
             self.num_retracted_reqs += len(retracted)
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
@@ -215,7 +219,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         self.cur_batch = batch
-        batch.prepare_for_decode()
+        batch.prepare_for_decode(self.future_token_ids)
         return batch
 
     # ---- running it ----------------------------------------------------------------------
@@ -232,53 +236,22 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if req.return_routed_experts:
                 slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.kv_len]
                 req.routed_experts = self.tp_worker.get_routed_experts(slots)
-            self.tree_cache.cache_finished_req(req)
-            req.req_pool_idx = None
+            if not self.defer_release(req):
+                self.release_kv_cache(req, req.kv_len)
         self._rid_to_req.pop(req.rid, None)
         req.grammar = None  # frees its matcher
         if new_ids is None:
             new_ids = [req.output_ids[-1]] if req.output_ids else []
         self._emit(req, new_ids)
 
-    def flush_cache(self) -> bool:
-        """Empty the radix cache; refused (False) while requests are in flight, as in SGLang."""
-        if not self.is_idle():
-            return False
-        return self.tree_cache.flush()
-
-    def get_internal_state(self) -> dict:
-        """KV-pool, radix-cache and queue accounting. Finished requests leave their KV in the radix
-        cache (evictable_tokens): the pool is whole again, available_kv_tokens ==
-        max_total_num_tokens, only after flush_cache."""
-        return {
-            "prompt_tokens": self.num_prompt_tokens,
-            "cached_tokens": self.num_cached_tokens,
-            "hit_rate": self.num_cached_tokens / max(self.num_prompt_tokens, 1),
-            "evictable_tokens": self.tree_cache.evictable_size(),
-            "protected_tokens": self.tree_cache.protected_size(),
-            "available_kv_tokens": self.token_to_kv_pool_allocator.available_size(),
-            "max_total_num_tokens": self.worker_info.max_total_num_tokens,
-            "num_running_reqs": len(self.running_batch.reqs),
-            "num_waiting_reqs": len(self.waiting_queue),
-            "num_retracted_reqs": self.num_retracted_reqs,
-            # Request-slot occupancy (rows of req_to_token): a leak shows as used slots while idle.
-            "available_req_slots": self.req_to_token_pool.available_size(),
-            "max_req_slots": self.req_to_token_pool.size,
-            "is_idle": self.is_idle(),
-        }
-
-    def expert_distribution_handle(self, action: str, output_path: Optional[str] = None):
-        recorder = get_global_expert_distribution_recorder()
-        if action == "start":
-            return recorder.start_record()
-        if action == "stop":
-            return recorder.stop_record()
-        return recorder.dump_record(output_path)
-
     # ---- the loop --------------------------------------------------------------------------
 
     @tracing.traced
     def step(self) -> list[ReqOutput]:
+        """One iteration of the chosen loop, minus receiving; both drivers call this."""
+        return self.step_overlap() if self.enable_overlap else self.step_normal()
+
+    def step_normal(self) -> list[ReqOutput]:
         """One iteration of SGLang's event_loop_normal, minus receiving: pick, run, account.
 
         Fault isolation, a second line behind request validation: an exception while a
@@ -312,22 +285,28 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.running_batch.filter_batch()
 
     def is_idle(self) -> bool:
-        return not self._rid_to_req
+        return not self._rid_to_req and not self.result_queue
 
     # ---- tensor parallelism: one scheduler process per rank ------------------------------
 
-    def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
-        """SGLang's event_loop_normal for one TP rank: receive and broadcast, then step.
+    def event_loop(self, recv_from_engine: Optional[Connection]) -> None:
+        """One TP rank's loop: event_loop_overlap or event_loop_normal, as server_args chose."""
+        (self.event_loop_overlap if self.enable_overlap else self.event_loop_normal)(recv_from_engine)
 
-        Every rank runs the same requests through the same deterministic decisions, so the
-        batches (and the collectives inside the forward) line up without further talk.
-        Only rank 0 hears from the Engine and answers it."""
+    def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
+        """SGLang's event_loop_normal for one TP rank."""
+        self._serve(recv_from_engine, self.step_normal)
+
+    def _serve(self, recv_from_engine: Optional[Connection], step) -> None:
+        """Receive and broadcast, then step, until the Engine shuts down. Every rank runs the
+        same requests through the same deterministic decisions, so the batches (and the
+        collectives inside the forward) line up; only rank 0 hears from the Engine."""
         while True:
             recv_reqs = self.recv_requests(recv_from_engine)
             if any(r is None for r in recv_reqs):
                 return  # the Engine shut down
             replies = self.process_input_requests(recv_reqs)
-            outputs = self.step()
+            outputs = step()
             if self.tp_rank == 0 and (outputs or replies):
                 recv_from_engine.send(("out", outputs, replies))
 
@@ -380,16 +359,3 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def shutdown(self) -> None:
         """Nothing to release: the in-process scheduler goes with its owner (SchedulerHandle's contract)."""
-
-    def handle_control_request(self, req):
-        """Answer one control request (io_struct); the front end's only way to reach the scheduler
-        besides generate and abort."""
-        if isinstance(req, FlushCacheReqInput):
-            return self.flush_cache()
-        if isinstance(req, GetInternalStateReq):
-            return self.get_internal_state()
-        if isinstance(req, ExpertDistributionReq):
-            if req.action == "dump" and self.tp_rank != 0:
-                return None  # routing is replicated, so every rank counted the same; one writes
-            return self.expert_distribution_handle(req.action, req.output_path)
-        raise TypeError(f"unknown request {type(req).__name__}")

@@ -6,8 +6,8 @@ meta_info that stream_output sends). For every request of the batch it appends t
 new tokens (several after a speculative round), checks whether the request has
 finished, records logprobs and hidden states, publishes prefilled KV to the radix
 cache, and queues one ReqOutput. SGLang sends those to its detokenizer process;
-minisgl's scheduler hands them to whoever stepped it. Omitted: overlap scheduling's
-delayed results, embeddings, disaggregation, the metrics collector.
+minisgl's scheduler hands them to whoever stepped it. Omitted: embeddings,
+disaggregation, the metrics collector.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ class SchedulerOutputProcessorMixin:
         hidden_offset = 0
         still_running = []
         for i, req in enumerate(batch.reqs):
+            if req.finished():
+                continue  # overlap: it finished (or was aborted) after this batch was launched
             if batch.forward_mode.is_extend():
-                self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i])
+                self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i], batch.seq_lens[i])
                 hidden_offset += batch.extend_lens[i]
                 if req.is_chunked:
                     # Not the whole prompt yet: no token; publish the chunk and come back first.
@@ -80,7 +82,9 @@ class SchedulerOutputProcessorMixin:
             # It finished inside the accepted run: tokens it did not keep need no KV.
             self.draft_worker.release_kv(req, req.seqlen - 1)
 
-    def _record_extend_side_outputs(self, req: Req, out, i: int, row_offset: int, prefix_len: int) -> None:
+    def _record_extend_side_outputs(
+        self, req: Req, out, i: int, row_offset: int, prefix_len: int, seq_len: int
+    ) -> None:
         if req.return_logprob and out.input_token_logprobs is not None:
             req.input_token_logprobs += out.input_token_logprobs[i]
             if out.input_top_logprobs_val[i] is not None:
@@ -91,7 +95,8 @@ class SchedulerOutputProcessorMixin:
                 req.input_token_ids_logprobs_idx += out.input_token_ids_logprobs_idx[i]
         if req.return_hidden_states and out.hidden_states is not None:
             # Keep each position once: a retracted request re-prefills positions it already has.
-            for pos in range(len(req.hidden_states), req.kv_len):
+            # (Not req.kv_len: under overlap the next decode has already taken a slot.)
+            for pos in range(len(req.hidden_states), seq_len):
                 req.hidden_states.append(out.hidden_states[row_offset + pos - prefix_len].tolist())
 
     @staticmethod

@@ -44,7 +44,7 @@ def run_scheduler_process(
                 scheduler = Scheduler(server_args, tp_rank)
                 if recv_from_engine is not None:
                     recv_from_engine.send(("ready", scheduler.worker_info))
-                scheduler.event_loop_normal(recv_from_engine)
+                scheduler.event_loop(recv_from_engine)
         except BaseException as e:
             if recv_from_engine is not None:
                 _send_error(recv_from_engine, e)

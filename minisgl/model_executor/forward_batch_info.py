@@ -106,7 +106,7 @@ class ForwardBatch:
         fb = cls(
             forward_mode=batch.forward_mode,
             batch_size=len(batch.seq_lens),
-            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64, device=device),
+            input_ids=torch.as_tensor(batch.input_ids, dtype=torch.int64, device=device),  # overlap: a tensor
             req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64, device=device),
             seq_lens=seq_lens,
             out_cache_loc=batch.out_cache_loc.to(device),

@@ -238,9 +238,10 @@ class ModelRunner:
 
     @tracing.traced
     def init_device_graphs(self) -> None:
+        """A graph runner for decode (graph_runner.GraphRunner): CUDA graphs, or torch.compile on a CPU."""
         self.graph_runner = None
         if not self.device.startswith("cuda"):
-            tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
+            self.init_cpu_graph()
         elif self.server_args.disable_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
         elif not self.attn_backend.supports_cuda_graph:
@@ -252,6 +253,18 @@ class ModelRunner:
             from minisgl.model_executor.cuda_graph_runner import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(self)
+
+    def init_cpu_graph(self) -> None:
+        # ServerArgs allows enable_torch_compile only with intel_amx: torch_native's decode loops
+        # over requests in Python, which a compiled graph would bake in for one batch.
+        if not self.server_args.enable_torch_compile:
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
+        elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
+        else:
+            from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+
+            self.graph_runner = CPUGraphRunner(self)
 
     # ---- forward -------------------------------------------------------------------------
 

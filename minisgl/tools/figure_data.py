@@ -14,7 +14,8 @@ from minisgl import tracing
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.sampling.sampling_params import SamplingParams
 
-CPU = dict(device="cpu", attention_backend="torch_native")
+# The normal loop, whose steps each run one batch start to end; overlap_timeline compares both loops.
+CPU = dict(device="cpu", attention_backend="torch_native", disable_overlap_schedule=True)
 
 
 def _engine(path: str, **kwargs):
@@ -211,6 +212,33 @@ def model_config(qwen3_moe: str) -> dict:
 
 
 PARTICIPANTS = ["Engine", "TokenizerManager", "Scheduler", "TpModelWorker", "ModelRunner", "model", "Sampler"]
+
+
+def overlap_timeline(llama: str) -> dict:
+    """Chapter 9: the order in which each loop prepares, runs and processes batches, recorded from
+    the same two requests (4 and 6 new tokens). Each entry is (action, batch number, mode)."""
+    orders = {}
+    for loop in ("normal", "overlap"):
+        engine = _engine(llama, disable_overlap_schedule=loop == "normal")
+        with tracing.record() as events:
+            engine.generate(
+                input_ids=[[5, 6, 7, 8], [9, 10]],
+                sampling_params=[{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (4, 6)],
+            )
+        if loop == "normal":  # each batch is processed right after it ran, on the same thread
+            modes = [e["forward_mode"] for e in events if e["event"] == "Scheduler.run_batch" and e["phase"] == "begin"]
+            order = [(action, n, mode) for n, mode in enumerate(modes, 1) for action in ("launch", "process")]
+        else:
+            order, count = [], {"launch": 0, "process": 0}
+            for e in events:
+                action = {"Scheduler.launch_batch": "launch", "Scheduler.process_batch_result": "process"}.get(
+                    e["event"]
+                )
+                if action is not None:
+                    count[action] += 1
+                    order.append((action, count[action], e["forward_mode"]))
+        orders[loop] = order
+    return orders
 
 
 def request_life(llama: str) -> list[dict]:

@@ -20,6 +20,13 @@ from pathlib import Path
 
 from minisgl import tracing
 from minisgl.tools import figure_data
+from minisgl.tools.figure_drawing import (
+    draw_kv_indices,
+    draw_model_config,
+    draw_overlap_timeline,
+    save_svg,
+    svg_pyplot,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = REPO / "docs" / "assets" / "figures"
@@ -34,23 +41,6 @@ STATE_COLORS = {
     "retracted": "#d62728",
     "done": "#f2f2f2",
 }
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {"svg.fonttype": "none", "svg.hashsalt": "minisgl", "font.family": "DejaVu Sans", "font.size": 9}
-    )
-    return plt
-
-
-def _save(fig, out: Path, name: str) -> None:
-    fig.savefig(out / f"{name}.svg", format="svg", metadata={"Date": None, "Creator": "minisgl make_figures"})
-    _plt().close(fig)
 
 
 def collect(workdir: str) -> dict:
@@ -68,22 +58,23 @@ def collect(workdir: str) -> dict:
         "kv_indices": figure_data.kv_indices(llama),
         "model_config": figure_data.model_config(moe),
         "request_life": figure_data.request_life(llama),
+        "overlap_timeline": figure_data.overlap_timeline(llama),
     }
 
 
 def draw_trace(events: list[dict], title: str, out: Path, name: str) -> None:
     from minisgl.notebook_utils import plot_timeline
 
-    _plt()
+    svg_pyplot()
     ax = plot_timeline(events, title=title)
-    _save(ax.figure, out, name)
+    save_svg(ax.figure, out, name)
 
 
 def draw_kv_slots(data: dict, out: Path) -> None:
     import numpy as np
     from matplotlib.colors import ListedColormap
 
-    plt, page, steps = _plt(), data["page_size"], data["steps"]
+    plt, page, steps = svg_pyplot(), data["page_size"], data["steps"]
     width = (max(s for st in steps for r in data["requests"] for s in st[r]) // page + 2) * page
     owner = np.zeros((len(steps), width))
     for i, st in enumerate(steps):
@@ -98,7 +89,7 @@ def draw_kv_slots(data: dict, out: Path) -> None:
     ax.set_xlabel("KV slot (lines: pages of 4 slots; page 0 is the padding page nobody owns)")
     ax.set_title("KV slots owned after each step: blue = request a (5 prompt tokens), orange = b (3)")
     fig.tight_layout()
-    _save(fig, out, "kv_slots")
+    save_svg(fig, out, "kv_slots")
 
 
 def _layout(node: dict, depth: int, next_x: list[float], spots: list) -> float:
@@ -112,7 +103,7 @@ def _layout(node: dict, depth: int, next_x: list[float], spots: list) -> float:
 
 
 def draw_radix_tree(data: dict, out: Path) -> None:
-    plt = _plt()
+    plt = svg_pyplot()
     spots: list = []
     _layout(data["root"], 0, [0.0], spots)
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -139,11 +130,11 @@ def draw_radix_tree(data: dict, out: Path) -> None:
     ax.set_ylim(-max(d for _, d, *_ in spots) - 0.6, 0.6)
     ax.axis("off")
     fig.tight_layout()
-    _save(fig, out, "radix_tree")
+    save_svg(fig, out, "radix_tree")
 
 
 def draw_continuous_batching(data: dict, out: Path) -> None:
-    plt = _plt()
+    plt = svg_pyplot()
     rids, steps = data["requests"], data["steps"]
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(rids) + 1.8))
     for t, st in enumerate(steps):
@@ -165,7 +156,7 @@ def draw_continuous_batching(data: dict, out: Path) -> None:
     )
     ax.set_title("continuous batching: each request's part in each step (r3 arrives at step 6)")
     fig.tight_layout()
-    _save(fig, out, "continuous_batching")
+    save_svg(fig, out, "continuous_batching")
 
 
 def draw_expert_heat(data: dict, out: Path) -> None:
@@ -173,17 +164,17 @@ def draw_expert_heat(data: dict, out: Path) -> None:
 
     from minisgl.eplb.expert_distribution import plot_expert_load
 
-    _plt()
+    svg_pyplot()
     ax = plot_expert_load({"mode": data["mode"], "stat": torch.tensor(data["stat"])})
     ax.set_yticks(range(len(data["stat"])))  # one tick per layer, never a fractional one
     ax.figure.tight_layout()
-    _save(ax.figure, out, "expert_heat")
+    save_svg(ax.figure, out, "expert_heat")
 
 
 def draw_extend_attention(data: dict, out: Path) -> None:
     import numpy as np
 
-    plt, reqs = _plt(), data["requests"]
+    plt, reqs = svg_pyplot(), data["requests"]
     width = max(max(r["slots"]) for r in reqs) + 1
     rows, labels = [], []
     for k, r in enumerate(reqs):
@@ -203,71 +194,7 @@ def draw_extend_attention(data: dict, out: Path) -> None:
     ax.set_xlabel("KV slot read (purple: prefix from the radix cache; green: keys of this extend, causal)")
     ax.set_title("one EXTEND batch: the slots each query attends to, through req_to_token")
     fig.tight_layout()
-    _save(fig, out, "extend_attention")
-
-
-def draw_kv_indices(data: dict, out: Path) -> None:
-    plt = _plt()
-    rows, ptr, flat = data["req_to_token"], data["kv_indptr"], data["kv_indices"]
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
-
-    def cell(x, y, text, color, w=1.0):
-        ax.add_patch(plt.Rectangle((x, y), w * 0.94, 0.8, fc=color, ec="k", lw=0.6, alpha=0.35))
-        ax.text(x + w * 0.47, y + 0.4, text, ha="center", va="center", fontsize=8)
-
-    for i, (row, idx) in enumerate(zip(rows, data["req_pool_indices"])):
-        y = 5.2 - i
-        ax.text(-0.3, y + 0.4, f"req_to_token[{idx}, :{data['seq_lens'][i]}]", ha="right", va="center", fontsize=8)
-        for k, slot in enumerate(row):
-            cell(k, y, slot, colors[i])
-    ax.text(-0.3, 1.4, "kv_indices", ha="right", va="center", fontsize=8)
-    for k, slot in enumerate(flat):
-        cell(k, 1.0, slot, colors[next(i for i in range(len(ptr) - 1) if ptr[i] <= k < ptr[i + 1])])
-    ax.text(-0.3, 0.0, "kv_indptr", ha="right", va="center", fontsize=8)
-    for i, p in enumerate(ptr):
-        ax.annotate(
-            str(p),
-            (p - 0.03, 0.95),
-            (p - 0.03, 0.0),
-            ha="center",
-            va="center",
-            fontsize=8,
-            arrowprops=dict(arrowstyle="->", lw=0.8),
-        )
-    ax.set_xlim(-4.6, len(flat) + 0.3)
-    ax.set_ylim(-0.4, 6.2)
-    ax.axis("off")
-    ax.set_title(
-        "one DECODE batch of three requests: each row of req_to_token, flattened for the kernels\n"
-        "(TritonAttnBackend.init_forward_metadata; request b = kv_indices[kv_indptr[b]:kv_indptr[b + 1]])"
-    )
-    fig.tight_layout()
-    _save(fig, out, "kv_indices")
-
-
-def draw_model_config(data: dict, out: Path) -> None:
-    plt = _plt()
-    fields = data["fields"]
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(fields) + 1.6))
-    box = dict(boxstyle="round", fc="#e8eaf6", ec="#3f51b5")
-    for i, (key, raw, name, value) in enumerate(fields):
-        y = len(fields) - i
-        ax.text(0.0, y, f"{key}: {raw}", ha="left", va="center", fontsize=8, bbox=box)
-        ax.annotate("", (0.52, y), (0.40, y), arrowprops=dict(arrowstyle="->", lw=0.8))
-        ax.text(0.53, y, f"{name} = {value}", ha="left", va="center", fontsize=8, bbox=dict(box, fc="#e8f5e9"))
-    ax.text(0.0, len(fields) + 0.9, "config.json", ha="left", fontsize=9, weight="bold")
-    ax.text(0.53, len(fields) + 0.9, "ModelConfig (the personality)", ha="left", fontsize=9, weight="bold")
-    sizes = (
-        f"is_moe = {data['is_moe']};  request table req_to_token {data['req_to_token']} (context_len + 4 columns);  "
-        f"KV pool: {data['kv_layers']} layers of K and V, each {data['k_buffer']} = [slots, kv_heads, head_dim]"
-    )
-    ax.text(0.0, 0.1, sizes, ha="left", va="center", fontsize=7.5)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(-0.3, len(fields) + 1.4)
-    ax.axis("off")
-    fig.tight_layout()
-    _save(fig, out, "model_config")
+    save_svg(fig, out, "extend_attention")
 
 
 def _participant(event: str) -> str | None:
@@ -345,6 +272,7 @@ def build(out: Path, data: dict) -> None:
     draw_extend_attention(data["extend_attention"], out)
     draw_kv_indices(data["kv_indices"], out)
     draw_model_config(data["model_config"], out)
+    draw_overlap_timeline(data["overlap_timeline"], out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
     import matplotlib

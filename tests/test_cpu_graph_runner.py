@@ -1,0 +1,81 @@
+"""CPUGraphRunner (model_executor/cpu_graph_runner.py) and the GraphRunner buffers it shares with
+the CUDA runner: the bucket and padding logic (fast), and compiled decode against eager (slow:
+inductor takes 20 s to minutes per bucket on a loaded machine, less once its on-disk cache is warm)."""
+
+import types
+
+import pytest
+import torch
+
+from minisgl.entrypoints.engine import Engine
+from minisgl.kernels.cpu import can_build
+from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from minisgl.model_executor.graph_runner import GraphRunner, get_batch_sizes_to_capture
+
+
+class _Runner(GraphRunner):
+    def capture(self) -> None: ...
+
+    def replay(self, forward_batch): ...
+
+
+def test_buckets_and_padding():
+    assert get_batch_sizes_to_capture(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert get_batch_sizes_to_capture(5) == [1, 2, 4, 5]
+    model_runner = types.SimpleNamespace(device="cpu", req_to_token_pool=types.SimpleNamespace(size=12))
+    runner = _Runner(model_runner, max_bs=32)
+    assert runner.capture_bs == [1, 2, 4, 8, 12]  # never more than the request slots
+    assert [runner.padded_batch_size(n) for n in (1, 3, 4, 5, 9, 12)] == [1, 4, 4, 8, 12, 12]
+    batch = types.SimpleNamespace(
+        batch_size=3,
+        input_ids=torch.tensor([7, 8, 9]),
+        req_pool_indices=torch.tensor([3, 1, 2]),
+        seq_lens=torch.tensor([10, 5, 7]),
+        out_cache_loc=torch.tensor([40, 41, 42]),
+    )
+    runner.seq_lens.fill_(99)  # left over from an earlier, larger batch
+    assert runner.load_inputs(batch) == 4
+    # Padding row 3: length 1 at position 0, reading and writing only the dummy slot 0.
+    assert runner.seq_lens[:4].tolist() == [10, 5, 7, 1]
+    assert runner.positions[:4].tolist() == [9, 4, 6, 0]
+    assert runner.out_cache_loc[:4].tolist() == [40, 41, 42, 0]
+    assert runner.req_pool_indices[:4].tolist() == [3, 1, 2, 0]
+    assert runner.input_ids[:3].tolist() == [7, 8, 9]
+    assert runner.can_run(
+        types.SimpleNamespace(
+            forward_mode=ForwardMode.DECODE, batch_size=12, capture_hidden_mode=CaptureHiddenMode.NULL
+        )
+    )
+    assert not runner.can_run(
+        types.SimpleNamespace(
+            forward_mode=ForwardMode.DECODE, batch_size=13, capture_hidden_mode=CaptureHiddenMode.NULL
+        )
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs minisgl's C++ CPU kernels (intel_amx backend)")
+def test_compiled_decode_equals_eager(tiny_llama):
+    prompts = [[5, 6, 7, 8, 9 + i] for i in range(3)]
+    params = [
+        {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+        {"temperature": 0.9, "seed": 3, "max_new_tokens": 8, "ignore_eos": True},
+        {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True},
+    ]
+    eager = Engine(model_path=tiny_llama, max_total_tokens=2048)
+    want = eager.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    compiled = Engine(model_path=tiny_llama, max_total_tokens=2048, enable_torch_compile=True, torch_compile_max_bs=4)
+    got = compiled.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    runner = compiled.scheduler.tp_worker.model_runner.graph_runner
+    assert type(runner).__name__ == "CPUGraphRunner" and eager.scheduler.tp_worker.model_runner.graph_runner is None
+    assert set(runner.compile_seconds) <= {2, 4} and 4 in runner.compile_seconds  # 3 and 2 running, padded
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    for g, w in zip(got, want):
+        lp_g = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
+        lp_w = [lp for lp, _, _ in w["meta_info"]["output_token_logprobs"]]
+        assert lp_g == pytest.approx(lp_w, abs=1e-4)
+
+
+def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):
+    with pytest.raises(ValueError, match="enable_torch_compile"):
+        Engine(model_path=tiny_llama, enable_torch_compile=True, attention_backend="torch_native")
