@@ -32,6 +32,9 @@ class ServerArgs:
     revision: Optional[str] = None
     context_length: Optional[int] = None
     dtype: str = "auto"
+    # A scheme of layers/quantization (SGLang's name, e.g. w8a8_int8); a quantized checkpoint's
+    # config.json names its own, and this flag may then only repeat it.
+    quantization: Optional[str] = None
 
     # Device and memory
     device: Optional[str] = None

@@ -1,8 +1,8 @@
 """ModelConfig: the model's personality, normalized before any model class is chosen.
 
 Mirrors python/sglang/srt/configs/model_config.py (ModelConfig.__init__,
-from_server_args, _derive_context_length, _derive_model_shapes, _get_and_verify_dtype).
-SGLang also handles quantization configs, multimodal processors, NSA/hybrid
+from_server_args, _derive_context_length, _derive_model_shapes, _get_and_verify_dtype,
+_verify_quantization). SGLang also handles multimodal processors, NSA/hybrid
 (SWA, Mamba) shapes and remote model pulls; minisgl serves dense and MoE
 decoder-only text models, with MHA/GQA or DeepSeek's MLA, so those branches
 are omitted.
@@ -49,6 +49,7 @@ class ModelConfig:
         dtype: str = "auto",
         device: str = "cpu",
         is_draft_model: bool = False,
+        quantization: Optional[str] = None,
     ) -> None:
         self.model_path = model_path  # an HF folder: ServerArgs has resolved aliases and GGUF files
         self.revision = revision
@@ -65,6 +66,8 @@ class ModelConfig:
         self._derive_context_length(context_length)
         self._derive_model_shapes()
         self.hf_eos_token_id = self._get_hf_eos_token_id()
+        self.quantization = quantization
+        self._verify_quantization()
 
     @staticmethod
     @tracing.traced(attrs=lambda server_args, model_path=None, is_draft_model=False: {"is_draft_model": is_draft_model})
@@ -78,6 +81,8 @@ class ModelConfig:
             dtype=server_args.dtype,
             device=server_args.device,
             is_draft_model=is_draft_model,
+            # A draft model runs as its checkpoint says (SGLang has a separate draft flag).
+            quantization=None if is_draft_model else server_args.quantization,
         )
 
     def _derive_context_length(self, context_length: Optional[int]) -> None:
@@ -112,6 +117,34 @@ class ModelConfig:
             self.qk_nope_head_dim: int = c.qk_nope_head_dim
             self.v_head_dim: int = c.v_head_dim
             self.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim
+
+    def _parse_quant_hf_config(self) -> Optional[dict]:
+        """The checkpoint's quantization_config from config.json, as a dict, or None."""
+        quant_cfg = getattr(self.hf_config, "quantization_config", None)
+        if quant_cfg is not None and not isinstance(quant_cfg, dict):
+            quant_cfg = quant_cfg.to_dict()
+        return quant_cfg
+
+    def _verify_quantization(self) -> None:
+        """Settle self.quantization from --quantization and the checkpoint's quant_method.
+
+        As SGLang: the checkpoint's scheme wins when no flag is given, and a flag naming another
+        scheme is an error. SGLang also refuses an unknown scheme here; in minisgl configs/ may not
+        import layers/ (tests/test_c1_c10_layering.py), so the loader does that
+        (model_loader/loader.py::get_quant_config), before any weight is read.
+        self.quant_hf_config keeps the checkpoint's dict for the QuantizationConfig."""
+        self.quant_hf_config = self._parse_quant_hf_config()
+        if self.quantization is not None:
+            self.quantization = self.quantization.lower()
+        if self.quant_hf_config is not None:
+            quant_method = str(self.quant_hf_config.get("quant_method", self.quantization or "")).lower()
+            if self.quantization is None:
+                self.quantization = quant_method
+            elif self.quantization != quant_method:
+                raise ValueError(
+                    f"quantization={self.quantization!r} does not match quantization_config.quant_method="
+                    f"{quant_method!r} in {self.model_path}/config.json"
+                )
 
     def _get_hf_eos_token_id(self) -> set[int]:
         eos = self.hf_config.eos_token_id

@@ -4,8 +4,10 @@ Mirrors python/sglang/srt/layers/linear.py (ColumnParallelLinear,
 MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear). Each
 parameter carries a ``weight_loader`` so the model loader never needs
 per-model code: it hands a checkpoint tensor (and, for fused layers, which
-shard it is) to the parameter, which slices out this rank's part. SGLang also
-handles quantized weights and many kernels; minisgl keeps dense weights.
+shard it is) to the parameter, which slices out this rank's part. Which parameters
+a layer has, and how it multiplies by them, is its ``quant_method``'s business
+(layers/quantization/: UnquantizedLinearMethod for float weights, W8A8Int8LinearMethod, ...),
+chosen by the model's QuantizationConfig, as in SGLang.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
+from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,12 +119,27 @@ def _onednn_is_faster(dtype: torch.dtype) -> bool:
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
+    """A linear layer whose weights and forward come from ``quant_method`` (SGLang's LinearBase).
+
+    ``quant_config`` defaults to the one the model loader builds with (FROM_LOADER); None keeps
+    the layer in float whatever the model's scheme (an MoE router, as SGLang's models do)."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, quant_config=FROM_LOADER, output_sizes=None
+    ) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        quant_config = resolve_quant_config(quant_config)
+        self.quant_method = quant_config.get_quant_method(self) if quant_config is not None else None
+        if self.quant_method is None:
+            # Imported here: unquant.py reads apply_linear and pack_linear_weight from this module.
+            from minisgl.layers.quantization.unquant import UnquantizedLinearMethod
+
+            self.quant_method = UnquantizedLinearMethod()
+        self.quant_method.create_weights(
+            self, input_size, output_sizes or [output_size], torch.get_default_dtype(), weight_loader=self.weight_loader
+        )
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -132,24 +150,30 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded_weight)
 
     def process_weights_after_loading(self) -> None:
-        """Called once by the loader when every shard is in (SGLang: quant_method.process_weights_after_loading)."""
-        self.weight = nn.Parameter(pack_linear_weight(self.weight.data), requires_grad=False)
+        """Called once by the loader when every shard is in."""
+        self.quant_method.process_weights_after_loading(self)
 
 
 class ReplicatedLinear(LinearBase):
     """Every rank holds the whole weight (routers, small projections)."""
 
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, quant_config=FROM_LOADER) -> None:
+        super().__init__(input_size, output_size, bias, quant_config)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
     """Y = X A with A split by columns (output features) across ranks."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False, output_sizes=None
+    ) -> None:
         tp_size = get_tensor_model_parallel_world_size()
         assert output_size % tp_size == 0, f"output_size {output_size} not divisible by tp_size {tp_size}"
-        super().__init__(input_size, output_size // tp_size, bias)
+        local_sizes = [size // tp_size for size in output_sizes] if output_sizes else None
+        super().__init__(input_size, output_size // tp_size, bias, output_sizes=local_sizes)
         self.gather_output = gather_output
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -157,7 +181,7 @@ class ColumnParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(0, self.tp_rank * shard, shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = apply_linear(x, self.weight, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -166,7 +190,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), bias, output_sizes=output_sizes)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
         shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
@@ -193,8 +217,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         # With more ranks than KV heads each rank keeps one KV head, replicated.
         self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
         self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
-        output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
-        super().__init__(hidden_size, output_size, bias)
+        sizes = [self.num_heads * head_size, self.num_kv_heads * head_size, self.num_kv_heads * head_size]
+        super().__init__(hidden_size, sum(sizes) * tp_size, bias, output_sizes=[size * tp_size for size in sizes])
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size = self.num_heads * self.head_size
@@ -218,14 +242,15 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        if param.dim() == 1:  # the bias is added once, after the reduction
+        # The bias (added once, after the reduction) and per-output-row scales are not split.
+        if param.dim() == 1 or loaded_weight.shape[1] == param.shape[1]:
             param.data.copy_(loaded_weight)
             return
         shard = param.data.size(1)
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * shard, shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = apply_linear(x, self.weight)
+        y = self.quant_method.apply(self, x)
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         return y + self.bias if self.bias is not None else y

@@ -2,19 +2,23 @@
 
 Mirrors python/sglang/srt/model_loader/loader.py (DefaultModelLoader.load_model):
 construct on the target device in the target dtype, then stream weights into
-each parameter's weight_loader. SGLang also has sharded, dummy, remote and
-quantized loaders; minisgl reads local safetensors (a GGUF file is converted to
+each parameter's weight_loader. The model's QuantizationConfig (get_quant_config, as
+SGLang's model_loader/weight_utils.py) decides which parameters each layer creates. SGLang
+also has sharded, dummy and remote loaders; minisgl reads local safetensors (a GGUF file is converted to
 safetensors once, when ServerArgs resolves the model path: model_loader/gguf.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 from torch import nn
 
 from minisgl.configs.model_config import ModelConfig
+from minisgl.layers.quantization import get_quantization_config
+from minisgl.layers.quantization.base_config import QuantizationConfig, set_default_quant_config
 from minisgl.model_loader.weight_utils import safetensors_weights_iterator
 from minisgl.models.registry import ModelRegistry
 
@@ -29,9 +33,23 @@ def set_default_torch_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def get_quant_config(model_config: ModelConfig) -> Optional[QuantizationConfig]:
+    """The scheme ModelConfig settled on, read from the checkpoint's quantization_config
+    ({} when only --quantization names it: a float checkpoint to quantize while loading)."""
+    if model_config.quantization is None:
+        return None
+    try:
+        quant_cls = get_quantization_config(model_config.quantization)
+    except ValueError as e:
+        source = "quantization_config.quant_method" if model_config.quant_hf_config else "quantization"
+        raise ValueError(f"{model_config.model_path}: {source}={model_config.quantization!r}: {e}") from None
+    return quant_cls.from_config(model_config.quant_hf_config or {})
+
+
 def get_model(model_config: ModelConfig, device: str) -> nn.Module:
     model_cls = ModelRegistry.resolve_model_cls(model_config.architectures)
-    with set_default_torch_dtype(model_config.dtype), torch.device(device):
+    quant_config = get_quant_config(model_config)
+    with set_default_torch_dtype(model_config.dtype), torch.device(device), set_default_quant_config(quant_config):
         model = model_cls(model_config.hf_config)
     model.load_weights(safetensors_weights_iterator(model_config.model_path))
     # As SGLang's DefaultModelLoader.load_model: layers may re-lay their weights out for the device.

@@ -192,9 +192,16 @@ class DeepseekV2ForCausalLM(Qwen3MoeForCausalLM):
         return loaded
 
     def post_load_weights(self) -> None:
-        """Split every kv_b_proj into the absorbed W_UK / W_UV, while its weight is still dense."""
+        """Split every kv_b_proj into the absorbed W_UK / W_UV, while its weight is still unpacked.
+
+        An int8 checkpoint's weight is dequantized first (weight * weight_scale), as SGLang's
+        post_load_weights does for w8a8_int8 (models/deepseek_v2.py at 64bca53)."""
         for layer in self.model.layers:
-            layer.self_attn.attn.absorb_kv_b_proj(layer.self_attn.kv_b_proj.weight)
+            kv_b_proj = layer.self_attn.kv_b_proj
+            weight = kv_b_proj.weight
+            if weight.dtype == torch.int8:
+                weight = (weight.float() * kv_b_proj.weight_scale).to(self.model.embed_tokens.weight.dtype)
+            layer.self_attn.attn.absorb_kv_b_proj(weight)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -27,7 +27,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool, layer_id: int
     ) -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, quant_config=None)  # never quantized
         self.experts = FusedMoE(
             num_experts=num_experts,
             top_k=top_k,
@@ -73,7 +73,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     def _load_one(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[str]:
         for param_name, ckpt_name, expert_id, shard_id in self.expert_params_mapping:
             if ckpt_name in name:
-                fused = name[: name.index(ckpt_name)] + param_name
+                fused = name.replace(ckpt_name, param_name)
                 params[fused].weight_loader(params[fused], tensor, shard_id, expert_id)
                 return fused
         return super()._load_one(params, name, tensor)

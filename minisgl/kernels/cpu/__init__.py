@@ -3,10 +3,12 @@
 Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
-``weight_packed_linear``) registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for
-greedy sampling, which sgl-kernel has no counterpart of. SGLang builds a wheel
+``weight_packed_linear``, and for W8A8-int8 ``per_token_quant_int8`` and ``int8_scaled_mm_with_quant``)
+registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for greedy sampling, which
+sgl-kernel has no counterpart of, and ``convert_weight_packed_int8`` (sgl-kernel's
+convert_weight_packed packs int8 weights too, by dtype). SGLang builds a wheel
 with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
-``torch.utils.cpp_extension.load`` and caches the library. Omitted: MoE, quantized GEMMs, MLA and
+``torch.utils.cpp_extension.load`` and caches the library. Omitted: MoE, fp8 and int4 GEMMs, MLA and
 the shared-memory all-reduce.
 
 Which vector ISA: the one ATen itself dispatches to on this CPU,
@@ -46,6 +48,7 @@ _SOURCES = [
     "extend.cpp",
     "gemm.cpp",
     "sampling.cpp",
+    "gemm_int8.cpp",
     "torch_extension_cpu.cpp",
 ]
 _HEADERS = ["common.h", "attention.h"]

@@ -27,6 +27,11 @@ at::Tensor convert_weight_packed(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
 int64_t weight_packed_block_n();
 at::Tensor argmax_cpu(const at::Tensor& logits);
+// gemm_int8.cpp: W8A8-int8
+at::Tensor convert_weight_packed_int8(const at::Tensor& weight);
+std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);
+at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
+                                     const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, bool is_vnni);
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -47,6 +52,11 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
   m.def("argmax_cpu(Tensor logits) -> Tensor");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
+  m.def("convert_weight_packed_int8(Tensor weight) -> Tensor");
+  m.def("per_token_quant_int8(Tensor x) -> (Tensor, Tensor)");
+  m.def(
+      "int8_scaled_mm_with_quant(Tensor mat1, Tensor mat2, Tensor scales2, Tensor? bias, ScalarType out_dtype,"
+      " bool is_vnni) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
@@ -59,4 +69,7 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("convert_weight_packed", &minisgl::convert_weight_packed);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
+  m.impl("convert_weight_packed_int8", &minisgl::convert_weight_packed_int8);
+  m.impl("per_token_quant_int8", &minisgl::per_token_quant_int8);
+  m.impl("int8_scaled_mm_with_quant", &minisgl::int8_scaled_mm_with_quant);
 }

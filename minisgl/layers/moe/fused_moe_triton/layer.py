@@ -4,8 +4,10 @@ Mirrors python/sglang/srt/layers/moe/fused_moe_triton/layer.py (FusedMoE with
 its per-expert weight_loader). Checkpoints store experts one matrix at a time
 (``experts.{e}.gate_proj``); the loader stacks them as w13 [E, 2I, H] and
 w2 [E, H, I] so a grouped kernel can run them all. Under tensor parallelism
-each rank keeps a slice of every expert's intermediate dimension. SGLang also
-has expert parallelism, quantized experts and many MoE runners; omitted.
+each rank keeps a slice of every expert's intermediate dimension. The weights and the
+expert compute come from ``quant_method`` (a FusedMoEMethodBase: UnquantizedFusedMoEMethod
+runs the Triton kernel on a GPU, the per-expert loop on a CPU). SGLang also has expert
+parallelism and many MoE runners; omitted.
 """
 
 from __future__ import annotations
@@ -19,12 +21,9 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
-from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.moe.topk import TopKConfig, select_experts
-
-# Only where CUDA is: importing triton maps about 65 MB of its libraries, which a CPU engine never uses.
-if torch.cuda.is_available():
-    from minisgl.layers.moe.fused_moe_triton.fused_moe import fused_moe
+from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
+from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
 
 class FusedMoE(nn.Module):
@@ -39,6 +38,7 @@ class FusedMoE(nn.Module):
         num_expert_group: int | None = None,
         topk_group: int | None = None,
         correction_bias: torch.Tensor | None = None,
+        quant_config=FROM_LOADER,
     ) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -57,16 +57,25 @@ class FusedMoE(nn.Module):
             correction_bias=correction_bias,
         )
         self.intermediate_size_per_partition = intermediate_size // self.tp_size
-        inter = self.intermediate_size_per_partition
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
-        self.w13_weight.weight_loader = self.weight_loader
-        self.w2_weight.weight_loader = self.weight_loader
+        quant_config = resolve_quant_config(quant_config)
+        self.quant_method = quant_config.get_quant_method(self) if quant_config is not None else None
+        self.quant_method = self.quant_method or UnquantizedFusedMoEMethod()
+        self.quant_method.create_weights(
+            self,
+            num_experts,
+            hidden_size,
+            self.intermediate_size_per_partition,
+            torch.get_default_dtype(),
+            weight_loader=self.weight_loader,
+        )
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
         inter = self.intermediate_size_per_partition
-        if shard_id == "w2":  # down_proj [H, I]: split the input dimension
-            param.data[expert_id].copy_(loaded_weight.narrow(1, self.tp_rank * inter, inter))
+        if shard_id == "w2":  # down_proj [H, I]: split the input dimension (not a scale's [H, 1])
+            split = loaded_weight.shape[1] != param.shape[2]
+            param.data[expert_id].copy_(
+                loaded_weight.narrow(1, self.tp_rank * inter, inter) if split else loaded_weight
+            )
             return
         offset = 0 if shard_id == "w1" else inter  # w1 = gate_proj, w3 = up_proj
         local = loaded_weight.narrow(0, self.tp_rank * inter, inter)
@@ -75,21 +84,23 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         with get_global_expert_distribution_recorder().with_current_layer(self.layer_id):
             topk_weights, topk_ids = select_experts(router_logits, self.topk_config, self.layer_id)
-        # The grouped Triton kernel on the GPU; on the CPU the loop over experts is faster
-        # than the interpreted kernel (which the kernel tests run against this loop).
-        experts = fused_moe if hidden_states.is_cuda else fused_experts_native
-        out = experts(hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        out = self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
         return tensor_model_parallel_all_reduce(out)
+
+    def process_weights_after_loading(self) -> None:
+        self.quant_method.process_weights_after_loading(self)
 
     @staticmethod
     def make_expert_params_mapping(num_experts: int, gate: str, down: str, up: str) -> list[tuple[str, str, int, str]]:
-        """(param name, checkpoint name, expert id, shard id) for every expert matrix."""
+        """(param prefix, checkpoint prefix, expert id, shard id) for every expert matrix: a checkpoint
+        tensor ``...experts.3.gate_proj.weight`` (or ``.weight_scale``) loads ``...experts.w13_weight``
+        (or ``w13_weight_scale``) as shard w1 of expert 3."""
         return [
             (param, f"experts.{e}.{ckpt}.", e, shard)
             for e in range(num_experts)
             for param, ckpt, shard in (
-                ("experts.w13_weight", gate, "w1"),
-                ("experts.w2_weight", down, "w2"),
-                ("experts.w13_weight", up, "w3"),
+                ("experts.w13_", gate, "w1"),
+                ("experts.w2_", down, "w2"),
+                ("experts.w13_", up, "w3"),
             )
         ]

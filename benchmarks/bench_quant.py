@@ -1,0 +1,89 @@
+"""minisgl's quantization schemes beside its float32 and bfloat16 runs, on bench_offline's workload, in one run.
+
+    python benchmarks/bench_quant.py                                        # 64 requests, as bench_offline
+    python benchmarks/bench_quant.py --num-requests 16 --max-output 32      # quicker
+
+Each variant (dtype, --quantization) runs minisgl's offline Engine in its own process, one after
+the other, on the same workload (benchmarks/workload.py: random prompt ids, greedy, EOS ignored):
+tokens/s, startup, peak RSS, the ratio against the bfloat16 run, and how many requests produced
+exactly the float32 run's greedy tokens. w8a8_int8 quantizes the float checkpoint while loading
+(layers/quantization/w8a8_int8.py); its activations run in the variant's dtype. On a shared
+machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+from offline_engines import peak_rss_mb  # noqa: E402
+from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
+
+VARIANTS = ["float32", "bfloat16", "float32:w8a8_int8", "bfloat16:w8a8_int8"]
+WORKLOAD_ARGS = ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed")
+
+
+def run_variant(args) -> None:
+    """In the child process: one Engine, the whole workload, one RESULT line."""
+    from minisgl.entrypoints.engine import Engine
+
+    dtype, _, quantization = args.variant.partition(":")
+    start = time.perf_counter()
+    quantization = quantization or None
+    engine = Engine(
+        model_path=args.model_path, dtype=dtype, quantization=quantization, max_total_tokens=args.max_total_tokens
+    )
+    engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})
+    startup = time.perf_counter() - start
+    workload = make_workload(vocab_size=engine.tokenizer.vocab_size, **{k: getattr(args, k) for k in WORKLOAD_ARGS})
+    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=[p for p, _ in workload], sampling_params=params)
+    elapsed = time.perf_counter() - start
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    engine.shutdown()
+    result = {"tok_s": tokens / elapsed, "startup_s": startup, "peak_rss_mb": peak_rss_mb()}
+    print("RESULT " + json.dumps({**result, "outputs": [o["output_ids"] for o in outs]}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="dtype or dtype:quantization, comma-separated")
+    for name in WORKLOAD_ARGS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=OFFLINE_WORKLOAD[name])
+    parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
+    args = parser.parse_args()
+    if args.variant:
+        return run_variant(args)
+
+    results = {}
+    for variant in args.variants.split(","):
+        cmd = [sys.executable, __file__, "--variant", variant, "--model-path", args.model_path]
+        for name in (*WORKLOAD_ARGS, "max_total_tokens"):
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        results[variant] = json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
+        if not lines:
+            print(f"  ! {variant} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    base, ref = results.get("bfloat16"), results.get("float32")
+    print(f"{'variant':22s} {'tok/s':>8s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}  greedy = float32")
+    for variant, r in results.items():
+        if r is None:
+            continue
+        ratio = f"{r['tok_s'] / base['tok_s']:.2f}x" if base else "-"
+        same = f"{sum(a == b for a, b in zip(r['outputs'], ref['outputs']))}/{len(r['outputs'])}" if ref else "-"
+        print(f"{variant:22s} {r['tok_s']:8.1f} {ratio:>8s} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB  {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+// W8A8-int8 GEMM: int8 weights per output channel, int8 activations per token, int32 sums (mirrors
+// sgl-kernel/csrc/cpu/gemm_int8.cpp: per_token_quant_int8_cpu, int8_scaled_mm_with_quant, and the
+// int8 branch of convert_weight_packed).
+//
+//   y[m, n] = (sum_k xq[m, k] wq[n, k]) * x_scale[m] * w_scale[n] + bias[n]
+//
+// xq = round(x / x_scale) with x_scale = max|x[m, :]| / 127 (symmetric, one scale per token, found
+// at run time); wq and w_scale come from the checkpoint (or from quantizing a float one at load).
+// The sums are exact integers, so the only rounding is the float32 epilogue and the activations'
+// quantization, the same as SGLang's.
+//
+// The multiply: AVX2's _mm256_madd_epi16 on int16 values sign-extended from int8. It multiplies
+// 16 pairs of int16 and adds each pair into one int32 lane: lane c gets w[c][k] a[k] + w[c][k+1] a[k+1].
+// So the weight is packed with pairs of k side by side, [N / 16][K / 2][16 columns][2], and a row of
+// activations is broadcast one pair (one int32) at a time. The faster _mm256_maddubs_epi16
+// (u8 x s8 -> saturating int16 pairs) is what sgl-kernel uses with a +128 offset on the
+// activations, but 255 x 127 x 2 = 64,770 overflows int16: it is exact only with 7-bit values, and
+// the VNNI instructions it stands in for (vpdpbusd, AMX tdpbusd) are not on this machine to test.
+// What sgl-kernel has and this file omits: the AVX512-VNNI and AMX-int8 paths, and fused MoE.
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+
+namespace minisgl {
+namespace {
+
+constexpr int64_t QBLOCK_N = 16;  // columns per panel: two ymm registers of int32 sums
+constexpr int QMAX_ROWS = 4;      // 2 x 4 accumulators + 2 weight registers + 1 broadcast of 16 ymm
+
+// One row of x quantized to int16 (values in [-127, 127]), padded with a zero to an even length.
+// Division, not a multiply by 1 / scale, and nearbyint (ties to even): what torch.round(x / scale) does.
+template <typename scalar_t>
+float quantize_row(const scalar_t* x, int64_t K, int16_t* q) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(static_cast<float>(x[k])));
+  const float scale = std::max(amax, 1e-10f) / 127.f;
+  for (int64_t k = 0; k < K; ++k) {
+    q[k] = static_cast<int16_t>(std::clamp(std::nearbyint(static_cast<float>(x[k]) / scale), -127.f, 127.f));
+  }
+  if (K % 2) q[K] = 0;
+  return scale;
+}
+
+// acc[r][c] = sum_k a[r][k] panel[c][k] for ROWS rows and the 16 columns of one panel.
+template <int ROWS>
+void tile(const int16_t* a, int64_t lda, const int8_t* panel, int64_t K2, int32_t (*acc)[QBLOCK_N]) {
+#if defined(__AVX2__)
+  __m256i c0[ROWS], c1[ROWS];
+  for (int r = 0; r < ROWS; ++r) c0[r] = c1[r] = _mm256_setzero_si256();
+  for (int64_t kk = 0; kk < K2; ++kk) {
+    const int8_t* w = panel + kk * 2 * QBLOCK_N;
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+    for (int r = 0; r < ROWS; ++r) {
+      int32_t pair;  // a[r][2 kk] in the low half, a[r][2 kk + 1] in the high half
+      std::memcpy(&pair, a + r * lda + 2 * kk, sizeof(pair));
+      const __m256i b = _mm256_set1_epi32(pair);
+      c0[r] = _mm256_add_epi32(c0[r], _mm256_madd_epi16(w0, b));
+      c1[r] = _mm256_add_epi32(c1[r], _mm256_madd_epi16(w1, b));
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r]), c0[r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc[r] + 8), c1[r]);
+  }
+#else  // a build without AVX2 (ATen's DEFAULT capability): the same sums, one at a time
+  for (int r = 0; r < ROWS; ++r) {
+    for (int64_t c = 0; c < QBLOCK_N; ++c) {
+      int32_t s = 0;
+      for (int64_t kk = 0; kk < K2; ++kk) {
+        const int8_t* w = panel + kk * 2 * QBLOCK_N + 2 * c;
+        s += int32_t(w[0]) * a[r * lda + 2 * kk] + int32_t(w[1]) * a[r * lda + 2 * kk + 1];
+      }
+      acc[r][c] = s;
+    }
+  }
+#endif
+}
+
+template <typename out_t>
+void int8_gemm(const int16_t* a, const float* a_scale, int64_t M, int64_t K2, const int8_t* packed,
+               const float* w_scale, const out_t* bias, out_t* out, int64_t N) {
+  const int64_t panels = (N + QBLOCK_N - 1) / QBLOCK_N;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    int32_t acc[QMAX_ROWS][QBLOCK_N];
+    for (int64_t p = begin; p < end; ++p) {
+      const int8_t* panel = packed + p * K2 * 2 * QBLOCK_N;
+      const int64_t n0 = p * QBLOCK_N, cols = std::min(QBLOCK_N, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += QMAX_ROWS) {
+        const int64_t rows = std::min<int64_t>(QMAX_ROWS, M - m0);
+        with_rows<QMAX_ROWS>(rows, [&]<int R>() { tile<R>(a + m0 * 2 * K2, 2 * K2, panel, K2, acc); });
+        for (int64_t r = 0; r < rows; ++r) {  // the fused epilogue: both scales, the bias, the dtype
+          out_t* y = out + (m0 + r) * N + n0;
+          for (int64_t c = 0; c < cols; ++c) {
+            float v = static_cast<float>(acc[r][c]) * a_scale[m0 + r] * w_scale[n0 + c];
+            y[c] = static_cast<out_t>(bias ? v + static_cast<float>(bias[n0 + c]) : v);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// [N, K] int8 -> [ceil(N / 16), ceil(K / 2), 32] int8, zero-padded (padding columns are never stored).
+at::Tensor convert_weight_packed_int8(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar,
+              "convert_weight_packed_int8: expected a 2-D int8 weight, got ", weight.dim(), "-D ",
+              weight.scalar_type());
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t panels = (N + QBLOCK_N - 1) / QBLOCK_N, K2 = (K + 1) / 2;
+  auto w = weight.contiguous();
+  auto packed = at::zeros({panels, K2, 2 * QBLOCK_N}, weight.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = packed.data_ptr<int8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      dst[((n / QBLOCK_N) * K2 + k / 2) * 2 * QBLOCK_N + (n % QBLOCK_N) * 2 + k % 2] = src[n * K + k];
+    }
+  }
+  return packed;
+}
+
+// x [M, K] float -> (int8 [M, K], float32 scales [M, 1]), as SGLang's per_token_quant_int8.
+std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x) {
+  CHECK_INPUT(x);
+  TORCH_CHECK(x.dim() == 2, "per_token_quant_int8: expected a 2-D input, got ", x.dim(), "-D");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto scales = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  MINISGL_DISPATCH_FLOATING_TYPES(x.scalar_type(), "per_token_quant_int8", [&] {
+    at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int16_t> row(K + 1);
+      for (int64_t m = begin; m < end; ++m) {
+        scales.data_ptr<float>()[m] = quantize_row(x.data_ptr<scalar_t>() + m * K, K, row.data());
+        for (int64_t k = 0; k < K; ++k) q.data_ptr<int8_t>()[m * K + k] = static_cast<int8_t>(row[k]);
+      }
+    });
+  });
+  return {q, scales};
+}
+
+// y = quantize(mat1) @ mat2^T, rescaled, + bias, in out_dtype (mat1's dtype in every caller here).
+// mat2 is convert_weight_packed_int8's output when is_vnni, else a plain [N, K] int8 weight.
+at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
+                                     const std::optional<at::Tensor>& bias, at::ScalarType out_dtype,
+                                     bool is_vnni) {
+  CHECK_INPUT(mat1);
+  TORCH_CHECK(mat1.dim() == 2, "int8_scaled_mm_with_quant: mat1 must be 2-D, got ", mat1.dim(), "-D");
+  TORCH_CHECK(out_dtype == mat1.scalar_type(), "int8_scaled_mm_with_quant: out_dtype ", out_dtype,
+              " differs from mat1's ", mat1.scalar_type());
+  const at::Tensor packed = is_vnni ? mat2 : convert_weight_packed_int8(mat2);
+  CHECK_INPUT(packed);
+  const int64_t M = mat1.size(0), K = mat1.size(1), K2 = (K + 1) / 2;
+  const int64_t N = scales2.numel();
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar && packed.size(2) == 2 * QBLOCK_N,
+              "int8_scaled_mm_with_quant: mat2 is not a packed int8 weight");
+  TORCH_CHECK(packed.size(1) == K2, "int8_scaled_mm_with_quant: mat1 has K=", K, ", mat2 was packed for K=",
+              2 * packed.size(1), " (or one less)");
+  TORCH_CHECK(packed.size(0) == (N + QBLOCK_N - 1) / QBLOCK_N, "int8_scaled_mm_with_quant: ", N,
+              " scales for a weight packed with ", packed.size(0), " panels of ", QBLOCK_N);
+  TORCH_CHECK(scales2.scalar_type() == at::kFloat && scales2.is_contiguous(),
+              "int8_scaled_mm_with_quant: scales2 must be contiguous float32");
+  if (bias) {
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == mat1.scalar_type() && bias->is_contiguous(),
+                "int8_scaled_mm_with_quant: bias must be ", N, " contiguous values of mat1's dtype");
+  }
+  auto a = at::empty({M, 2 * K2}, mat1.options().dtype(at::kShort));
+  auto a_scale = at::empty({M}, mat1.options().dtype(at::kFloat));
+  auto out = at::empty({M, N}, mat1.options());
+  MINISGL_DISPATCH_FLOATING_TYPES(mat1.scalar_type(), "int8_scaled_mm_with_quant", [&] {
+    at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        a_scale.data_ptr<float>()[m] =
+            quantize_row(mat1.data_ptr<scalar_t>() + m * K, K, a.data_ptr<int16_t>() + m * 2 * K2);
+      }
+    });
+    int8_gemm<scalar_t>(a.data_ptr<int16_t>(), a_scale.data_ptr<float>(), M, K2, packed.data_ptr<int8_t>(),
+                        scales2.data_ptr<float>(), bias ? bias->data_ptr<scalar_t>() : nullptr,
+                        out.data_ptr<scalar_t>(), N);
+  });
+  return out;
+}
+
+}  // namespace minisgl

@@ -1,0 +1,78 @@
+"""The W8A8-int8 kernels (minisgl/kernels/cpu/gemm_int8.cpp) against PyTorch's int8 arithmetic.
+
+The reference quantizes in torch (round(x / scale), scale = max|x| / 127) and multiplies with
+exact int64 sums, so the kernel must give the same int8 activations and scales bit for bit and
+the same outputs up to float32 rounding of the epilogue; and the whole W8A8 product must stay
+near the float one.
+"""
+
+import pytest
+import torch
+
+from minisgl.kernels.cpu import is_available
+from minisgl.layers.quantization.int8_kernel import (
+    int8_scaled_mm_native,
+    int8_scaled_mm_with_quant,
+    pack_int8_weight,
+    per_token_quant_int8,
+    quantize_weight_int8,
+)
+
+pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
+ops = torch.ops.minisgl_kernel
+
+
+def _exact_reference(x, w_q, w_scale, bias):
+    x_q, x_scale = per_token_quant_int8(x)
+    acc = (x_q.long() @ w_q.long().t()).float()  # int64 sums: no overflow, no rounding
+    y = acc * x_scale * w_scale.view(1, -1)
+    return (y + bias.float() if bias is not None else y).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_per_token_quant_int8_matches_torch(dtype):
+    x = (torch.randn(13, 77, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    x[3] = 0  # an all-zero row: scale clamped, values zero
+    q, scale = ops.per_token_quant_int8(x)
+    q_ref, scale_ref = per_token_quant_int8(x)
+    assert torch.equal(q, q_ref) and torch.equal(scale, scale_ref)
+
+
+# M covers decode (1, 3) and prefill-sized row counts, not a multiple of the 4-row tile; N and K
+# include sizes that are not multiples of the 16-column panel or of the k-pairs.
+@pytest.mark.parametrize("M,N,K", [(1, 16, 64), (3, 40, 33), (9, 576, 576), (70, 100, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_int8_scaled_mm_with_quant(M, N, K, dtype, with_bias):
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g) * K**-0.5
+    bias = torch.randn(N, generator=g).to(dtype) if with_bias else None
+    w_q, w_scale = quantize_weight_int8(w)
+    packed = pack_int8_weight(w_q)
+    assert packed.dim() == 3, "the kernel path must be the one under test"
+    out = int8_scaled_mm_with_quant(x, packed, w_scale, bias)
+    ref = _exact_reference(x, w_q, w_scale, bias)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    # The unpacked-weight path of the same op packs on the fly and agrees.
+    unpacked = ops.int8_scaled_mm_with_quant(x, w_q, w_scale.view(-1), bias, dtype, False)
+    torch.testing.assert_close(unpacked, out, atol=0, rtol=0)
+    # The torch fallback (engines where the kernels did not build) is the same arithmetic.
+    x_q, x_scale = per_token_quant_int8(x)
+    torch.testing.assert_close(int8_scaled_mm_native(x_q, w_q, x_scale, w_scale, dtype, bias), ref, atol=tol, rtol=tol)
+    # And W8A8 is close to the float product: per-row relative error of a few 1e-2 at most.
+    exact = x.float() @ w.t() + (bias.float() if with_bias else 0)
+    rel = (out.float() - exact).norm(dim=-1) / exact.norm(dim=-1)
+    assert rel.max() < 0.05
+
+
+def test_bad_shapes_are_refused():
+    w_q, w_scale = quantize_weight_int8(torch.randn(32, 64))
+    packed = pack_int8_weight(w_q)
+    with pytest.raises(RuntimeError, match="packed for K=64"):
+        ops.int8_scaled_mm_with_quant(torch.randn(2, 48), packed, w_scale.view(-1), None, torch.float32, True)
+    with pytest.raises(RuntimeError, match="scales for a weight packed"):
+        ops.int8_scaled_mm_with_quant(torch.randn(2, 64), packed, w_scale[:8].reshape(-1), None, torch.float32, True)
+    with pytest.raises(RuntimeError, match="2-D int8 weight"):
+        ops.convert_weight_packed_int8(torch.randn(32, 64))
