@@ -94,8 +94,7 @@ class XGrammarGrammar(BaseGrammarObject):
             # Bit j of word w allows token 32 * w + j; a cleared bit sets that logit to -inf. One
             # fused pass: unpacking the bits with torch ops took 5-100x longer at batch 32 (measured).
             # On CPU, minisgl's kernel (kernels/cpu/sampling.cpp), which skips the words that
-            # allow all 32 tokens and vectorizes the rest; xgrammar's CPU kernel took longer than a
-            # pass of writes over the whole batch's logits (docs/performance.md).
+            # allow all 32 tokens; measured against xgrammar's in docs/performance.md.
             if logits.is_cpu and cpu_kernels_available():
                 torch.ops.minisgl_kernel.apply_token_bitmask_cpu(logits, vocab_mask)
             else:
