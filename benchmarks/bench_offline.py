@@ -19,9 +19,11 @@ and peak RSS are its own), one after the other:
   file as a reference row (benchmarks/peer_llama_cpp.py).
 
 For each dtype it prints tokens/s (generated tokens over wall time), startup (model load to the first
-generated token), peak RSS, the ratio minisgl / engine, and the workload's compute floor:
-its FLOPs over the fastest GEMM rate this CPU reaches in that dtype (probed in the same run, before and
-after the engines, the faster kept), the time no engine can beat, and what share of it each engine gets.
+generated token), peak RSS, the ratio minisgl / engine, and two floors of the workload: the compute
+floor, its FLOPs over the fastest GEMM rate this CPU reaches in that dtype (probed in the same run,
+before and after the engines, the faster kept), and the roofline floor, which no engine can beat:
+per step the larger of its FLOPs at that rate and its weights + KV bytes at the DRAM read bandwidth
+measured in the same run (benchmarks/floor.py). The "of floor" column is each engine's share of the latter.
 For minisgl it also prints the engine overhead of decode steps with >= 32 requests (step time outside
 the model forward).
 
@@ -48,8 +50,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from floor import floors, workload_steps  # noqa: E402
 from offline_engines import worker_main  # noqa: E402
-from roofline import best_of  # noqa: E402
+from roofline import best_of, read_bandwidth  # noqa: E402
 from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,6 +216,7 @@ def main() -> None:
         # taken in a slow moment would lower the floor and flatter every engine.
         print(f"\n== {dtype}")
         probe_before = best_gemm_rate(config, dtype)
+        bandwidth_before = read_bandwidth(1 << 30)
         contenders = {"minisgl": lambda: run_in_subprocess(own("minisgl", dtype))}  # run in rounds
         if Path(args.vllm_python).exists():
             cmd = [
@@ -273,11 +277,19 @@ def main() -> None:
 
         probe_after = best_gemm_rate(config, dtype)
         rate, how = max(probe_before, probe_after)
-        floor_tok_s = total_out / (flops / rate)
+        bandwidth = max(bandwidth_before, read_bandwidth(1 << 30))
+        compute_s, roofline_s = floors(
+            workload_steps(config, workload, torch.finfo(getattr(torch, dtype)).bits // 8), rate, bandwidth
+        )
+        compute_tok_s, floor_tok_s = total_out / compute_s, total_out / roofline_s
         print(
-            f"  compute floor {floor_tok_s:.0f} tok/s "
+            f"  compute floor {compute_tok_s:.0f} tok/s "
             f"({flops / 1e12:.2f} TFLOP at {rate / 1e9:.0f} GFLOP/s, {how}: the best GEMM rate measured here, "
             f"probed at {probe_before[0] / 1e9:.0f} before the engines and {probe_after[0] / 1e9:.0f} after)"
+        )
+        print(
+            f"  roofline floor {floor_tok_s:.0f} tok/s (per step the larger of its FLOPs at that rate and its "
+            f"weights + KV at {bandwidth / 1e9:.1f} GB/s, the DRAM read bandwidth measured here; benchmarks/floor.py)"
         )
         ours = results["minisgl"]
         print(
@@ -310,7 +322,10 @@ def main() -> None:
                         f"  minisgl / {peer}: {statistics.median(ratios[peer]):.2f}x{each}; "
                         f"{agreement(ours['outputs'], results[peer]['outputs'])}"
                     )
-            print(f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the compute floor")
+            print(
+                f"  minisgl at {100 * ours['tok_s'] / floor_tok_s:.0f}% of the roofline floor "
+                f"({100 * ours['tok_s'] / compute_tok_s:.0f}% of the compute floor)"
+            )
             summary[dtype] = ours
     if "float32" in summary and "bfloat16" in summary:
         ratio = summary["bfloat16"]["peak_rss_mb"] / summary["float32"]["peak_rss_mb"]

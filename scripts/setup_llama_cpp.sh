@@ -22,10 +22,23 @@ if [[ ! -d "$src" ]]; then
   tar -xzf "$venv/src/llama_cpp_python-$version.tar.gz" -C "$venv/src"
 fi
 
-# GGML_NATIVE: compiled for this CPU (AVX2 or AVX-512), as minisgl's kernels are. Static libraries,
-# so the binary runs on its own; no web UI (it would need npm or a download), no curl.
+# Compiled for this CPU's vector ISA (AVX2 or AVX-512), as minisgl's kernels are, but named flag by
+# flag from /proc/cpuinfo instead of GGML_NATIVE: -march=native also defines __AMX_INT8__ on an AMX
+# CPU, which compiles in ggml's AMX backend, and llama.cpp then repacks quantized weights (Q4_1
+# among them; f32 and bf16 stay on the plain path) into its AMX buffer, whose matmul has segfaulted
+# on Sapphire Rapids machines (ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824): bench_offline's
+# Q4_1 row died there with signal 11 while the f32 and bf16 rows ran. The flags are also read anew
+# on every run, so a build folder carried over from another CPU is reconfigured and recompiled
+# (with GGML_NATIVE its objects kept the old CPU's instructions). Static libraries, so the binary
+# runs on its own; no web UI (it would need npm or a download), no curl.
+has() { grep -qw "$1" /proc/cpuinfo; }
+isa=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+for flag in avx avx2 fma f16c bmi2 avx_vnni avx512f avx512_vnni avx512_bf16 avx512vbmi; do
+  name=$(tr a-z A-Z <<<"$flag" | sed 's/^AVX512F$/AVX512/; s/^AVX512VBMI$/AVX512_VBMI/')
+  if has "$flag"; then isa+=("-DGGML_$name=ON"); else isa+=("-DGGML_$name=OFF"); fi
+done
 "$venv/bin/cmake" -S "$src/vendor/llama.cpp" -B "$venv/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
-  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
 "$venv/bin/cmake" --build "$venv/build" --target llama-server -j "$(nproc)"
 cp "$venv/build/bin/llama-server" "$venv/bin/llama-server"

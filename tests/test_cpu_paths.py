@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
+from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers import linear
 from minisgl.layers.linear import LinearBase, apply_linear, pack_linear_weight
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool
@@ -26,7 +27,9 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, mo
     bias = torch.randn(out_features, generator=g).to(dtype)
     x = torch.randn(rows, 64, generator=g).to(dtype)
     packed = pack_linear_weight(weight)
-    if packed.dim() == 3:  # minisgl's panels (gemm.cpp), in the weight's own dtype
+    if packed.dim() == 4:  # the VNNI layout, where AVX512-BF16 or AMX multiplies this dtype
+        assert vnni_gemm_engine(dtype) is not None and out_features % 32 == 0 and packed.dtype == dtype
+    elif packed.dim() == 3:  # minisgl's panels (gemm.cpp), in the weight's own dtype
         assert linear.has_packed_gemm() and out_features % packed_gemm_block_n() == 0
         assert packed.shape == (out_features // packed_gemm_block_n(), 64, packed_gemm_block_n())
         assert packed.dtype == dtype
@@ -49,7 +52,9 @@ def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype):
         model = engine.scheduler.tp_worker.model_runner.model
         linears = [m for m in model.modules() if isinstance(m, LinearBase)]
         assert linears and all(m.weight.dtype == getattr(torch, dtype) for m in linears)
-        if not linear._onednn_is_faster(getattr(torch, dtype)):  # every N here is a multiple of 32
+        if vnni_gemm_engine(getattr(torch, dtype)):  # bf16 on AVX512-BF16 or AMX: the engines' VNNI layout
+            assert all(m.weight.dim() == 4 for m in linears) and model.lm_head.gemm_weight.dim() == 4
+        elif not linear._onednn_is_faster(getattr(torch, dtype)):  # every N here is a multiple of 32
             assert all(m.weight.dim() == 3 for m in linears)
             assert model.lm_head.gemm_weight.dim() == 3  # the LM head's packed copy; the tied weight stays plain
         assert model.lm_head.weight.dim() == 2

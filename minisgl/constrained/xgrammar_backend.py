@@ -19,6 +19,7 @@ import xgrammar as xgr
 
 from minisgl import tracing
 from minisgl.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject, check_grammar_limits
+from minisgl.kernels.cpu import is_available as cpu_kernels_available
 from minisgl.sampling.sampling_params import GRAMMAR_KINDS
 
 # xgrammar's C++ errors start with "[time] path/file.cc:line: "; the rest names the problem.
@@ -52,6 +53,8 @@ def check_grammar(kind: str, spec: str) -> None:
 class XGrammarGrammar(BaseGrammarObject):
     """One request's GrammarMatcher over a compiled grammar that all requests of its spec share."""
 
+    _bitmask: torch.Tensor | None = None  # allocate_vocab_mask's buffer, shared by every grammar
+
     def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int, ctx: xgr.CompiledGrammar, key_string: str):
         self.matcher = matcher
         self.vocab_size = vocab_size
@@ -68,8 +71,18 @@ class XGrammarGrammar(BaseGrammarObject):
         return self.matcher.is_terminated()
 
     def allocate_vocab_mask(self, vocab_size: int, batch_size: int, device: str) -> torch.Tensor:
-        # [bs, ceil(vocab / 32)] int32, all bits set: every token allowed.
-        return xgr.allocate_token_bitmask(batch_size, vocab_size)
+        """[bs, ceil(vocab / 32)] int32, all bits set (every token allowed), in a buffer reused from
+        step to step and grown to the largest batch seen: a fresh tensor each step is a new
+        allocation, page faults included, for a mask that lives a few milliseconds. One buffer for
+        every grammar of the process is enough, since a step fills and applies its mask before the
+        next step asks for one (the copy to an accelerator, move_vocab_mask, is its own tensor)."""
+        words = xgr.get_bitmask_shape(1, vocab_size)[1]
+        buf = XGrammarGrammar._bitmask
+        if buf is None or buf.shape[0] < batch_size or buf.shape[1] != words:
+            buf = XGrammarGrammar._bitmask = xgr.allocate_token_bitmask(batch_size, vocab_size)
+        mask = buf[:batch_size]
+        xgr.reset_token_bitmask(mask)
+        return mask
 
     def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
         self.matcher.fill_next_token_bitmask(vocab_mask, idx)
@@ -81,9 +94,14 @@ class XGrammarGrammar(BaseGrammarObject):
     @staticmethod
     def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
         with tracing.span("XGrammarGrammar.apply_vocab_mask", batch_size=logits.shape[0]):
-            # Bit j of word w allows token 32 * w + j; a cleared bit sets that logit to -inf.
-            # One fused pass; unpacking the bits with torch ops took 5-100x longer at batch 32 (measured).
-            xgr.apply_token_bitmask_inplace(logits, vocab_mask)
+            # Bit j of word w allows token 32 * w + j; a cleared bit sets that logit to -inf. One
+            # fused pass: unpacking the bits with torch ops took 5-100x longer at batch 32 (measured).
+            # On CPU, minisgl's kernel (kernels/cpu/sampling.cpp), which skips the words that
+            # allow all 32 tokens; measured against xgrammar's in docs/performance.md.
+            if logits.is_cpu and cpu_kernels_available():
+                torch.ops.minisgl_kernel.apply_token_bitmask_cpu(logits, vocab_mask)
+            else:
+                xgr.apply_token_bitmask_inplace(logits, vocab_mask)
 
     def copy(self) -> "XGrammarGrammar":
         return XGrammarGrammar(xgr.GrammarMatcher(self.ctx), self.vocab_size, self.ctx, self.key_string)

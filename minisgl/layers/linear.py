@@ -26,6 +26,7 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
+from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
 
 
@@ -34,10 +35,11 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
     SGLang's UnquantizedLinearMethod.apply likewise takes a CPU-specific kernel when it can
     (python/sglang/srt/layers/quantization/unquant.py:142). On CPU that is minisgl's own
-    weight_packed_linear for a 3-D (panel-packed) weight, else oneDNN's linear: F.linear goes
-    through MKL's sgemm, which measured about half of oneDNN's rate on these machines.
+    weight_packed_linear for a packed weight (3-D panels, or 4-D VNNI for the matrix engines),
+    else oneDNN's linear: F.linear goes through MKL's sgemm, which measured about half of
+    oneDNN's rate on these machines.
     """
-    if weight.dim() == 3:  # panels from convert_weight_packed (minisgl/kernels/cpu/gemm.cpp), in the model dtype
+    if weight.dim() in (3, 4):  # panels from convert_weight_packed(_vnni) (minisgl/kernels/cpu/gemm*.cpp)
         y = torch.ops.minisgl_kernel.weight_packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
     if weight.is_mkldnn or (x.is_cpu and torch.backends.mkldnn.is_available()):
@@ -58,9 +60,11 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     Mirrors SGLang's _amx_process_weight_after_loading (layers/amx_utils.py), which repacks CPU
     weights once after loading for its own GEMM kernel. On CPU, in the weight's own dtype:
 
-    - panels [N / B, K, B] for minisgl's weight_packed_linear (B = 32 with AVX-512, 16 with
+    - for a bf16 (fp16) weight on a CPU with AVX512-BF16 or AMX (AMX-FP16), SGLang's own VNNI layout
+      [N / 32, K / 2, 32, 2], which those matrix engines multiply (kernels/cpu/gemm_vnni.cpp);
+    - else panels [N / B, K, B] for minisgl's weight_packed_linear (B = 32 with AVX-512, 16 with
       AVX2; N must be a multiple of B), unless oneDNN measures faster on this CPU in this dtype
-      (:func:`_onednn_is_faster`, e.g. bf16 on a CPU with AMX);
+      (:func:`_onednn_is_faster`);
     - else oneDNN's blocked layout, which oneDNN would otherwise re-derive on every call (packed
       once, decode-sized GEMMs measured 25-35% faster). Where oneDNN cannot multiply a 16-bit
       dtype (bf16 needs AVX-512), that one layer keeps a float32 copy.
@@ -71,6 +75,9 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     if not weight.is_cpu:
         return weight
     weight = weight.detach()
+    n, k = weight.shape
+    if has_packed_gemm() and vnni_gemm_engine(weight.dtype) and n % 32 == 0 and k % 2 == 0:
+        return torch.ops.minisgl_kernel.convert_weight_packed_vnni(weight)
     if has_packed_gemm() and weight.shape[0] % packed_gemm_block_n() == 0 and not _onednn_is_faster(weight.dtype):
         return torch.ops.minisgl_kernel.convert_weight_packed(weight)
     if not torch.backends.mkldnn.is_available():

@@ -51,7 +51,8 @@ def get_model(model_config: ModelConfig, device: str) -> nn.Module:
     quant_config = get_quant_config(model_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device), set_default_quant_config(quant_config):
         model = model_cls(model_config.hf_config)
-    model.load_weights(safetensors_weights_iterator(model_config.model_path))
+    # Big tensors arrive already in the model's dtype: no float32 copy of one is ever whole in memory.
+    model.load_weights(safetensors_weights_iterator(model_config.model_path, model_config.dtype))
     # As SGLang's DefaultModelLoader.load_model: layers may re-lay their weights out for the device.
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):

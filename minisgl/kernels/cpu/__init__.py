@@ -4,9 +4,10 @@ Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
 ``weight_packed_linear``, and for W8A8-int8 ``per_token_quant_int8`` and ``int8_scaled_mm_with_quant``)
-registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for greedy sampling, which
-sgl-kernel has no counterpart of, and ``convert_weight_packed_int8`` (sgl-kernel's
-convert_weight_packed packs int8 weights too, by dtype). SGLang builds a wheel
+registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for greedy sampling and
+``apply_token_bitmask_cpu`` for grammar masks, which sgl-kernel has no counterpart of, and
+``convert_weight_packed_int8`` (sgl-kernel's convert_weight_packed packs int8 weights too, by
+dtype). SGLang builds a wheel
 with CMake and multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
 ``torch.utils.cpp_extension.load`` and caches the library. Omitted: MoE, fp8 and int4 GEMMs, MLA and
 the shared-memory all-reduce.
@@ -17,6 +18,11 @@ width is fixed at compile time. Every kernel, the packed GEMM included, is built
 To build and run the narrower one on an AVX-512 machine, set ``ATEN_CPU_CAPABILITY=avx2`` (ATen
 then reports, and dispatches to, AVX2; add ``ONEDNN_MAX_CPU_ISA=AVX2`` to hold oneDNN there too).
 Each ISA gets its own cache directory, so switching back and forth rebuilds nothing twice.
+
+The matrix engines are chosen at run time instead, in the same build: gemm_vnni.cpp's AVX512-BF16
+code carries its ISA in a target attribute and AMX is reached through ATen's
+``at::native::cpublas::brgemm``, so every x86 build contains both, and a bf16 (fp16) weight is
+packed for them only where :func:`minisgl.kernels.cpu.features.cpu_features` reports the feature.
 
 Building needs a C++ compiler and ninja and takes about 40 s on two cores, once per machine and ISA
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
@@ -47,6 +53,7 @@ _SOURCES = [
     "decode.cpp",
     "extend.cpp",
     "gemm.cpp",
+    "gemm_vnni.cpp",
     "sampling.cpp",
     "gemm_int8.cpp",
     "torch_extension_cpu.cpp",

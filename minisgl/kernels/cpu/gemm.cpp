@@ -18,8 +18,9 @@
 // the bytes of a float32 one and keeps no float32 copy. Activations are float32 inside (16-bit ones
 // are widened once per call), products are accumulated in float32 and rounded to the output dtype as
 // they are stored: the result differs from F.linear on the float32 weights only in summation order.
-// What SGLang's version has and this one omits: the VNNI layout multiplied by AMX tiles (brgemm)
-// and int8/fp8 weights.
+// A 16-bit weight packed in the VNNI layout instead (4-D, from convert_weight_packed_vnni) goes to
+// the CPU's matrix engines, AMX or AVX512-BF16 (gemm_vnni.cpp). What SGLang's version has and this
+// one omits: int8/fp8 weights.
 #include <atomic>
 #include <optional>
 
@@ -173,7 +174,11 @@ at::Tensor convert_weight_packed(const at::Tensor& weight) {
   return weight.reshape({N / BLOCK_N, BLOCK_N, K}).transpose(1, 2).contiguous();
 }
 
+at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& mat2,
+                                     const std::optional<at::Tensor>& bias);  // gemm_vnni.cpp
+
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias) {
+  if (mat2.dim() == 4) return weight_packed_linear_vnni(mat1, mat2, bias);  // the matrix engines' layout
   CHECK_CPU(mat1);
   CHECK_INPUT(mat2);
   TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 3 && mat2.size(2) == BLOCK_N,

@@ -1,7 +1,10 @@
-// Greedy sampling's argmax over each row of the logits. SGLang has no CPU kernel for it (its
+// Two sampling-time kernels. Greedy sampling's argmax over each row of the logits. SGLang has no CPU kernel for it (its
 // sampler calls torch.argmax); minisgl adds one because ATen's argmax along the last dimension
 // tracks an index per element without vectors: 2.9 ms on 48 x 49,152 float32 logits on a 2-core
 // AMD EPYC, where a vectorized max of each row and a scan for its first occurrence take 0.6 ms.
+// And a grammar's token bitmask applied to the logits (apply_token_bitmask_cpu below).
+#include <limits>
+
 #include "common.h"
 
 namespace minisgl {
@@ -31,6 +34,43 @@ at::Tensor argmax_cpu(const at::Tensor& logits) {
     }
   });
   return out;
+}
+
+// logits[r, t] = -inf wherever bit t % 32 of bitmask[r, t / 32] is clear: xgrammar's
+// apply_token_bitmask_inplace, in one pass over the batch. Here a word of all ones (32 allowed
+// tokens) is skipped and any other word is a select per lane over its 32 logits: faster than
+// xgrammar's CPU kernel on a JSON-schema mask, slower on a regex mask whose words are nearly all
+// zero (docs/performance.md, measured in CPU time at batch 32).
+void apply_token_bitmask_cpu(at::Tensor& logits, const at::Tensor& bitmask) {
+  CHECK_CPU(logits);
+  CHECK_LAST_DIM_CONTIGUOUS(logits);
+  CHECK_INPUT(bitmask);
+  TORCH_CHECK(logits.dim() == 2 && bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt,
+              "apply_token_bitmask_cpu: expects logits [rows, vocab] and an int32 bitmask [rows, words]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1), words = bitmask.size(1);
+  TORCH_CHECK(bitmask.size(0) == rows && words == (vocab + 31) / 32, "apply_token_bitmask_cpu: bitmask ",
+              bitmask.sizes(), " does not cover logits ", logits.sizes());
+  const int32_t* mask = bitmask.data_ptr<int32_t>();
+  MINISGL_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "apply_token_bitmask_cpu", [&] {
+    const scalar_t minus_inf = -std::numeric_limits<scalar_t>::infinity();
+    scalar_t* x = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        scalar_t* row = x + r * logits.stride(0);
+        for (int64_t w = 0; w < words; ++w) {
+          const uint32_t bits = static_cast<uint32_t>(mask[r * words + w]);
+          if (bits == 0xFFFFFFFFu) continue;
+          scalar_t* v = row + 32 * w;
+          const int64_t n = std::min<int64_t>(32, vocab - 32 * w);
+          if (n == 32) {
+            for (int j = 0; j < 32; ++j) v[j] = (bits >> j) & 1u ? v[j] : minus_inf;
+          } else {
+            for (int64_t j = 0; j < n; ++j) v[j] = (bits >> j) & 1u ? v[j] : minus_inf;
+          }
+        }
+      }
+    });
+  });
 }
 
 }  // namespace minisgl

@@ -24,6 +24,7 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
                           const at::Tensor& extend_start_loc, double scale);
 at::Tensor convert_weight_packed(const at::Tensor& weight);
+at::Tensor convert_weight_packed_vnni(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
 int64_t weight_packed_block_n();
 at::Tensor argmax_cpu(const at::Tensor& logits);
@@ -32,6 +33,7 @@ at::Tensor convert_weight_packed_int8(const at::Tensor& weight);
 std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);
 at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
                                      const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, bool is_vnni);
+void apply_token_bitmask_cpu(at::Tensor& logits, const at::Tensor& bitmask);
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -49,8 +51,10 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens,"
       " Tensor extend_seq_lens, Tensor extend_start_loc, float scale) -> ()");
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
+  m.def("convert_weight_packed_vnni(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
   m.def("argmax_cpu(Tensor logits) -> Tensor");
+  m.def("apply_token_bitmask_cpu(Tensor(a!) logits, Tensor bitmask) -> ()");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
   m.def("convert_weight_packed_int8(Tensor weight) -> Tensor");
   m.def("per_token_quant_int8(Tensor x) -> (Tensor, Tensor)");
@@ -67,9 +71,11 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("decode_attention_cpu", &minisgl::decode_attention_cpu);
   m.impl("extend_attention_cpu", &minisgl::extend_attention_cpu);
   m.impl("convert_weight_packed", &minisgl::convert_weight_packed);
+  m.impl("convert_weight_packed_vnni", &minisgl::convert_weight_packed_vnni);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
   m.impl("convert_weight_packed_int8", &minisgl::convert_weight_packed_int8);
   m.impl("per_token_quant_int8", &minisgl::per_token_quant_int8);
   m.impl("int8_scaled_mm_with_quant", &minisgl::int8_scaled_mm_with_quant);
+  m.impl("apply_token_bitmask_cpu", &minisgl::apply_token_bitmask_cpu);
 }

@@ -1,0 +1,71 @@
+"""Which of the CPU's vector and matrix engines minisgl's kernels may use on this machine.
+
+sgl-kernel's CPU kernels are compiled for AVX-512 (their vector code sits under
+``CPU_CAPABILITY_AVX512``) and SGLang asks at run time whether the CPU has AMX
+(``cpu_has_amx_support``, python/sglang/srt/utils/common.py:287 at 64bca53). minisgl builds one
+source tree on every x86 CPU and picks a path per call (kernels/cpu/gemm_vnni.cpp reads ATen's
+cpuinfo table in C++). This module reports that table to Python: the loader packs weights for the
+engine that will multiply them, and the tests skip, by name, the paths this CPU lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+# minisgl's name (the /proc/cpuinfo flag) -> torch's name for it (torch._C._cpu._get_cpu_capability()).
+_FEATURES = {
+    "amx_bf16": "amx_bf16",  # AMX tiles with bf16 dot products: at::native::cpublas::brgemm, M > 4
+    "amx_fp16": "amx_fp16",  # the same for fp16 (Granite Rapids onwards)
+    "avx512_bf16": "avx512_bf16",  # vdpbf16ps: the small-M bf16 GEMM
+    "avx512f": "avx512_f",  # ATen's AVX512 build of at::vec: 32-column float panels
+    "avx2": "avx2",  # ATen's AVX2 build: 16-column float panels
+}
+
+
+def _proc_cpuinfo_flags() -> set[str] | None:
+    """The flags line of /proc/cpuinfo, or None where there is none (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return None
+
+
+@functools.cache
+def cpu_features() -> frozenset[str]:
+    """The features of ``_FEATURES`` this CPU has and this process may use.
+
+    A feature counts when torch's cpuinfo reports it and, on Linux, /proc/cpuinfo lists it too
+    (a hypervisor can hide a feature from the kernel that CPUID still shows). AMX also needs the
+    kernel's permission to use the tile registers, which ``torch._C._cpu._init_amx()`` requests.
+    """
+    torch_caps = torch._C._cpu._get_cpu_capability()
+    flags = _proc_cpuinfo_flags()
+    found = {
+        name
+        for name, torch_name in _FEATURES.items()
+        if torch_caps.get(torch_name, False) and (flags is None or name in flags)
+    }
+    if {"amx_bf16", "amx_fp16"} & found and not torch._C._cpu._init_amx():
+        found -= {"amx_bf16", "amx_fp16"}
+    return frozenset(found)
+
+
+def vnni_gemm_engine(dtype: torch.dtype) -> str | None:
+    """The feature that multiplies a VNNI-packed ``dtype`` weight here, or None where none does.
+
+    bf16 needs vdpbf16ps (every AMX CPU has it too; with AMX, batches over 4 rows go to the tiles);
+    fp16 needs AMX-FP16, since there is no fp16 counterpart of vdpbf16ps.
+    """
+    features = cpu_features()
+    if dtype == torch.bfloat16 and "avx512_bf16" in features:  # also rounds brgemm's float32 results
+        return "amx_bf16" if "amx_bf16" in features else "avx512_bf16"
+    if dtype == torch.float16 and "amx_fp16" in features:
+        return "amx_fp16"
+    return None

@@ -1,0 +1,123 @@
+"""The CPU's matrix engines (minisgl/kernels/cpu/gemm_vnni.cpp, features.py) against torch.
+
+The VNNI layout is pure data movement and is checked on every CPU. The GEMMs that read it run
+only where the CPU has their engine (vdpbf16ps: avx512_bf16; AMX tiles: amx_bf16, amx_fp16);
+elsewhere their tests skip and say which feature is missing. The code itself is compiled on every
+x86 machine (the AVX-512 functions carry their ISA in a target attribute), and
+test_matrix_engine_sources_compile_with_their_isa_flags compiles it once more as an AVX-512/AMX
+build does, so that a machine without those engines still catches an error in it.
+"""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl.kernels.cpu import _ISA_FLAGS, is_available
+from minisgl.kernels.cpu.features import _FEATURES, _proc_cpuinfo_flags, cpu_features, vnni_gemm_engine
+from minisgl.layers import linear
+
+pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
+ops = torch.ops.minisgl_kernel
+SOURCES = Path(linear.__file__).parents[1] / "kernels" / "cpu"
+
+
+def needs(feature: str) -> None:
+    if feature not in cpu_features():
+        pytest.skip(f"needs {feature}; this CPU has {sorted(cpu_features())}")
+
+
+def test_cpu_features_agree_with_torch_and_proc_cpuinfo():
+    features = cpu_features()
+    caps = torch._C._cpu._get_cpu_capability()
+    assert features <= set(_FEATURES)
+    assert all(caps[_FEATURES[name]] for name in features)
+    flags = _proc_cpuinfo_flags()
+    if flags is not None:
+        assert features <= flags
+        assert {n for n in ("avx2", "avx512f", "avx512_bf16") if n in flags and caps[_FEATURES[n]]} <= features
+    # ATen dispatches to AVX512 only where the CPU has it (ATEN_CPU_CAPABILITY=avx2 may hold it lower)
+    assert torch.backends.cpu.get_cpu_capability() != "AVX512" or "avx512f" in features
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vnni_packing_is_sglangs_layout(dtype):
+    """[N, K] -> [N / 32, K / 2, 32, 2]: element (nb, k2, n, d) is W[32 nb + n, 2 k2 + d]."""
+    weight = torch.randn(96, 70).to(dtype)
+    packed = ops.convert_weight_packed_vnni(weight)
+    assert packed.shape == (3, 35, 32, 2) and packed.dtype == dtype and packed.is_contiguous()
+    nb, k2, n, d = torch.meshgrid(*(torch.arange(s) for s in packed.shape), indexing="ij")
+    assert torch.equal(packed, weight[32 * nb + n, 2 * k2 + d])
+
+
+def test_vnni_packing_rejects_what_the_engines_cannot_read():
+    with pytest.raises(RuntimeError, match="bfloat16 or float16"):
+        ops.convert_weight_packed_vnni(torch.randn(64, 64))
+    with pytest.raises(RuntimeError, match="multiple of 32 and K even"):
+        ops.convert_weight_packed_vnni(torch.randn(48, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="multiple of 32 and K even"):
+        ops.convert_weight_packed_vnni(torch.randn(64, 63).bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pack_linear_weight_uses_the_vnni_layout_exactly_where_an_engine_reads_it(dtype, monkeypatch):
+    weight = torch.randn(64, 70).to(dtype)
+    assert (linear.pack_linear_weight(weight).dim() == 4) == (vnni_gemm_engine(dtype) is not None)
+    monkeypatch.setattr(linear, "vnni_gemm_engine", lambda dtype: "avx512_bf16")  # as on such a CPU
+    assert torch.equal(linear.pack_linear_weight(weight), ops.convert_weight_packed_vnni(weight))
+    assert linear.pack_linear_weight(torch.randn(48, 70).to(dtype)).dim() != 4  # N: not a multiple of 32
+    assert linear.pack_linear_weight(torch.randn(64, 69).to(dtype)).dim() != 4  # K: odd
+
+
+@pytest.mark.parametrize("dtype,feature", [(torch.bfloat16, "avx512_bf16"), (torch.float16, "amx_fp16")])
+def test_vnni_weight_is_refused_by_name_where_its_engine_is_missing(dtype, feature):
+    if vnni_gemm_engine(dtype) is not None:
+        pytest.skip(f"this CPU has {vnni_gemm_engine(dtype)}: there is nothing to refuse")
+    packed = ops.convert_weight_packed_vnni(torch.randn(64, 64).to(dtype))
+    with pytest.raises(RuntimeError, match=f"needs {feature}"):
+        ops.weight_packed_linear(torch.randn(3, 64).to(dtype), packed, None)
+
+
+def check_vnni_gemm(dtype, rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 70, generator=g).to(dtype)
+    bias = torch.randn(96, generator=g).to(dtype) if with_bias else None
+    x = torch.randn(rows, 80, generator=g).to(dtype)[:, 3:73]  # a strided view, as a split QKV output is
+    y = ops.weight_packed_linear(x, ops.convert_weight_packed_vnni(weight), bias)
+    ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert y.dtype == dtype and y.shape == (rows, 96)
+    # float32 accumulation of exact 16-bit products, rounded once as it is stored
+    torch.testing.assert_close(y.double(), ref, atol=0.2 if dtype == torch.bfloat16 else 2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 31, 32, 33, 100])  # tile, brgemm and row-block edges
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
+    """vdpbf16ps for up to 4 rows; above that, AMX tiles where the CPU has them, else vdpbf16ps."""
+    needs("avx512_bf16")
+    check_vnni_gemm(torch.bfloat16, rows, with_bias)
+
+
+@pytest.mark.parametrize("rows", [5, 33, 300])
+def test_bf16_amx_brgemm_matches_float64(rows):
+    needs("amx_bf16")
+    check_vnni_gemm(torch.bfloat16, rows, True)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_fp16_amx_brgemm_matches_float64(rows):
+    needs("amx_fp16")
+    check_vnni_gemm(torch.float16, rows, True)
+
+
+@pytest.mark.slow
+def test_matrix_engine_sources_compile_with_their_isa_flags():
+    """What an AVX-512/AMX machine builds: gemm_vnni.cpp with ATen's AVX512 flags and the AMX ones."""
+    from torch.utils.cpp_extension import include_paths
+
+    flags = [*_ISA_FLAGS["AVX512"], "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *flags, *(f"-I{p}" for p in include_paths())]
+    result = subprocess.run([*cmd, str(SOURCES / "gemm_vnni.cpp")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
