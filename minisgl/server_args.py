@@ -85,6 +85,13 @@ class ServerArgs:
     stream_output: bool = False
     enable_custom_logit_processor: bool = False
 
+    # Tool calls, grammars, embeddings (SGLang's flags): the detector that reads calls out of a reply under
+    # tool_choice auto (function_call/); the constrained-decoding backend (minisgl has xgrammar only);
+    # serve an embedding model (/v1/embeddings, Engine.encode) instead of generating.
+    tool_call_parser: Optional[str] = None
+    grammar_backend: str = "xgrammar"
+    is_embedding: bool = False
+
     # Observability: a Prometheus /metrics route with SGLang's metric names (needs prometheus_client)
     enable_metrics: bool = False
 
@@ -194,6 +201,21 @@ class ServerArgs:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and self.dist_init_addr is None:
             raise ValueError("nnodes > 1 needs dist_init_addr, the host:port of node 0")
+        self._check_tools_and_grammar()
+
+    def _check_tools_and_grammar(self) -> None:
+        from minisgl.function_call.function_call_parser import TOOL_CALL_PARSERS
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            choices = sorted(TOOL_CALL_PARSERS)
+            raise ValueError(
+                f"tool_call_parser {self.tool_call_parser!r} is not one minisgl has; choose one of {choices}"
+            )
+        if self.grammar_backend != "xgrammar":
+            raise ValueError(
+                f"grammar_backend {self.grammar_backend!r} is not available: minisgl implements only xgrammar "
+                "(SGLang also has outlines, llguidance and none)"
+            )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
