@@ -40,14 +40,19 @@ class Engine:
         self.tokenizer_manager = TokenizerManager(server_args)
         self.server_args = self.tokenizer_manager.server_args
 
+    def _tokenizer_manager(self) -> TokenizerManager:
+        if self.tokenizer_manager is None:
+            raise RuntimeError("this Engine has been shut down (or runs only a non-zero node's ranks)")
+        return self.tokenizer_manager
+
     @property
     def scheduler(self):
         """The scheduler handle (the Scheduler itself with one rank), for readers who step it."""
-        return self.tokenizer_manager.scheduler
+        return self._tokenizer_manager().scheduler
 
     @property
     def tokenizer(self):
-        return self.tokenizer_manager.tokenizer
+        return self._tokenizer_manager().tokenizer
 
     def generate(
         self,
@@ -65,7 +70,7 @@ class Engine:
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
         iterator of chunks whose ``text`` and ``output_ids`` are everything so far, as SGLang's
-        (only the new part with ``stream_output=True``; a batch's chunks carry ``index``).
+        (the ids alone are deltas with ``stream_output=True``; a batch's chunks carry ``index``).
         Bad input raises ValueError before anything runs."""
         obj = GenerateReqInput(
             text=prompt,
@@ -80,9 +85,7 @@ class Engine:
             return_hidden_states=return_hidden_states,
             return_routed_experts=return_routed_experts,
         )
-        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
-        # far unless the server runs with --stream-output.
-        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
+        chunks = self._tokenizer_manager().generate_request(obj)
         if stream:
             return _iterate_inline(chunks)
         return run_inline(anext(chunks))
@@ -99,29 +102,27 @@ class Engine:
         obj = GenerateReqInput(
             text=prompt, input_ids=input_ids, sampling_params=sampling_params, stream=stream, **kwargs
         )
-        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
-        # far unless the server runs with --stream-output.
-        chunks = self.tokenizer_manager.generate_request(obj, stream_deltas=True)
+        chunks = self._tokenizer_manager().generate_request(obj)
         if stream:
             return chunks
         return await anext(chunks)
 
     def flush_cache(self) -> bool:
-        return run_inline(self.tokenizer_manager.flush_cache())
+        return run_inline(self._tokenizer_manager().flush_cache())
 
     def get_server_info(self) -> dict:
-        return run_inline(self.tokenizer_manager.get_server_info())
+        return run_inline(self._tokenizer_manager().get_server_info())
 
     # ---- expert distribution recorder (SGLang's Engine method names) ---------------------
 
     def start_expert_distribution_record(self) -> None:
-        run_inline(self.tokenizer_manager.start_expert_distribution_record())
+        run_inline(self._tokenizer_manager().start_expert_distribution_record())
 
     def stop_expert_distribution_record(self) -> None:
-        run_inline(self.tokenizer_manager.stop_expert_distribution_record())
+        run_inline(self._tokenizer_manager().stop_expert_distribution_record())
 
     def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
-        return run_inline(self.tokenizer_manager.dump_expert_distribution_record(output_path))
+        return run_inline(self._tokenizer_manager().dump_expert_distribution_record(output_path))
 
     def shutdown(self) -> None:
         if self.tokenizer_manager is not None:

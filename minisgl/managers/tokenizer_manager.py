@@ -247,17 +247,15 @@ class TokenizerManager:
     async def generate_request(
         self, obj: GenerateReqInput, request=None, stream_deltas: Optional[bool] = None
     ) -> AsyncIterator[Union[dict, list[dict]]]:
-        """Stream: yield one chunk per scheduler output, with the text and ids so far, or only
-        the new part with ``stream_deltas`` (default: the server's --stream-output; the OpenAI
-        layer always asks for deltas). Otherwise yield once: a dict, or a list of dicts for a
+        """Stream: yield one chunk per scheduler output, with the text and ids so far (the ids
+        alone as deltas under --stream-output, SGLang's rule), or only the new part of each
+        with ``stream_deltas`` (the OpenAI layer's). Otherwise yield once: a dict, or a list of dicts for a
         batch (several prompts, or n > 1). ``request`` is the HTTP request, polled for a client
         that left; a streaming client that leaves closes this generator instead. Either way
         what has not finished is aborted and its KV freed."""
         reqs = await self._tokenize(obj)
         state = ReqState(asyncio.get_running_loop() if self._thread is not None else None)
         self._claim_rids(reqs)  # before the try: a refused rid must not abort its owner's request
-        if stream_deltas is None:
-            stream_deltas = self.server_args.stream_output
         run = GenerateRun(self, obj, reqs, stream_deltas)
         try:
             for req in reqs:
