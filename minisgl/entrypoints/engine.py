@@ -107,6 +107,15 @@ class Engine:
             return chunks
         return await anext(chunks)
 
+    def encode(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> Union[dict, list[dict]]:
+        """Embeddings (the Engine started with ``is_embedding=True``): ``{"embedding", "meta_info"}``
+        for one prompt, a list for several; a prompt is a string or token ids (SGLang's Engine.encode)."""
+        from minisgl.managers.embedding import encode
+
+        results = run_inline(encode(self._tokenizer_manager(), prompt))
+        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+        return results[0] if single else results
+
     def flush_cache(self) -> bool:
         return run_inline(self._tokenizer_manager().flush_cache())
 
@@ -123,6 +132,16 @@ class Engine:
 
     def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
         return run_inline(self._tokenizer_manager().dump_expert_distribution_record(output_path))
+
+    # ---- profiling (SGLang's Engine.start_profile / stop_profile) ---------------------------
+
+    def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list[str]] = None) -> None:
+        """Run the torch profiler, with minisgl's spans as ranges, until stop_profile."""
+        run_inline(self._tokenizer_manager().start_profile(output_dir, activities))
+
+    def stop_profile(self) -> str:
+        """Stop the profiler; the path of the Chrome trace it wrote (open it in Perfetto)."""
+        return run_inline(self._tokenizer_manager().stop_profile())
 
     def shutdown(self) -> None:
         if self.tokenizer_manager is not None:

@@ -34,6 +34,7 @@ from minisgl.managers.io_struct import (
     ExpertDistributionReq,
     FlushCacheReqInput,
     GetInternalStateReq,
+    ProfileReq,
     ReqOutput,
     TokenizedGenerateReqInput,
 )
@@ -47,6 +48,7 @@ from minisgl.managers.schedule_policy import (
     SchedulePolicy,
 )
 from minisgl.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from minisgl.managers.scheduler_profiler import handle_profile_req
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
@@ -370,4 +372,6 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if req.action == "dump" and self.tp_rank != 0:
                 return None  # routing is replicated, so every rank counted the same; one writes
             return self.expert_distribution_handle(req.action, req.output_path)
+        if isinstance(req, ProfileReq):
+            return handle_profile_req(req, self.tp_rank)
         raise TypeError(f"unknown request {type(req).__name__}")

@@ -39,6 +39,7 @@ from minisgl.managers.io_struct import (
     FlushCacheReqInput,
     GenerateReqInput,
     GetInternalStateReq,
+    ProfileReq,
     ReqOutput,
     TokenizedGenerateReqInput,
 )
@@ -368,6 +369,13 @@ class TokenizerManager:
 
     async def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
         return await self._call(ExpertDistributionReq("dump", output_path))
+
+    async def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list[str]] = None) -> None:
+        await self._call(ProfileReq("start", output_dir, activities))
+
+    async def stop_profile(self) -> Optional[str]:
+        """Stop the torch profiler; the path of rank 0's Chrome trace."""
+        return await self._call(ProfileReq("stop"))
 
     async def get_internal_state(self) -> dict:
         """KV-pool, radix-cache and queue accounting, read by the scheduler between steps."""
