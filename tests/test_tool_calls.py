@@ -10,12 +10,13 @@ The default SmolLM2 runs in the slow tests; the default suite uses the tiny Llam
 """
 
 import json
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from minisgl.entrypoints.http_server import create_app
 from minisgl.entrypoints.openai.protocol_tools import Tool
@@ -219,3 +220,55 @@ def test_default_model_parse_with_pydantic_tool(smollm2_client):
         max_tokens=60,
     )
     assert isinstance(r.choices[0].message.tool_calls[0].function.parsed_arguments, GetWeather)
+
+
+# ---- agent frameworks (dev extras) ------------------------------------------------------------
+
+
+class Weather(BaseModel):
+    """Weather in a city."""
+
+    city: str = Field(max_length=12)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+@pytest.mark.slow  # langchain and litellm take seconds to import
+def test_langchain_bind_tools_and_structured_output(tiny_tm, no_blank_tokens):
+    langchain_openai = pytest.importorskip("langchain_openai", reason="langchain-openai is a dev extra")
+    llm = langchain_openai.ChatOpenAI(
+        model="m",
+        api_key="-",
+        base_url="http://testserver/v1",
+        http_client=TestClient(create_app(tiny_tm, "m")),
+        temperature=0,
+        max_tokens=160,  # the tiny model's tokens are a few characters each
+        logit_bias=no_blank_tokens,
+        max_retries=0,
+    )
+    message = llm.bind_tools([Weather], tool_choice="Weather").invoke("What is the weather in Paris?")
+    assert message.tool_calls and message.tool_calls[0]["name"] == "Weather", message
+    Weather.model_validate(message.tool_calls[0]["args"])
+    structured = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Paris?")
+    assert isinstance(structured, Weather)
+
+
+@pytest.mark.slow
+def test_litellm_tools(tiny_tm, no_blank_tokens, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the network
+    litellm = pytest.importorskip("litellm", reason="litellm is a dev extra")
+    client = _client(tiny_tm)
+    r = litellm.completion(
+        model="openai/m",
+        messages=MESSAGES,
+        tools=TOOLS[:1],
+        tool_choice=NAMED,
+        temperature=0,
+        max_tokens=160,
+        logit_bias=no_blank_tokens,
+        client=client,
+        api_base="http://testserver/v1",
+        api_key="-",
+    )
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)

@@ -99,7 +99,9 @@ def _ends_with_partial_token(buffer: str, token: str) -> int:
 def decode_json_sequence(text: str, separator: str) -> tuple[list, int]:
     """The complete JSON values at the start of ``text``, separated by ``separator`` (and white
     space), and where the last one ends; stops at the first value that does not parse yet."""
-    decoder = json.JSONDecoder()
+    # strict=False: a control character inside a string is read as itself; xgrammar's JSON
+    # grammar lets a model write one, and the call is no less the model's for it.
+    decoder = json.JSONDecoder(strict=False)
     values, pos, end = [], 0, 0
     while True:
         while pos < len(text) and (text[pos].isspace() or text.startswith(separator, pos)):
