@@ -96,6 +96,13 @@ class ServerArgs:
     stream_output: bool = False
     enable_custom_logit_processor: bool = False
 
+    # Tool calls, grammars, embeddings (SGLang's flags): the detector that reads calls out of a reply under
+    # tool_choice auto (function_call/); the constrained-decoding backend (minisgl has xgrammar only);
+    # serve an embedding model (/v1/embeddings, Engine.encode) instead of generating.
+    tool_call_parser: Optional[str] = None
+    grammar_backend: str = "xgrammar"
+    is_embedding: bool = False
+
     # Observability: a Prometheus /metrics route with SGLang's metric names (needs prometheus_client)
     enable_metrics: bool = False
 
@@ -117,6 +124,8 @@ class ServerArgs:
         # folder (converted once, then cached), so ModelConfig only ever reads config.json.
         from minisgl.model_loader.gguf import resolve_model_path
 
+        # As the user wrote it: /get_model_info reports it, as SGLang's does (not the cache folder).
+        self.model_path_as_given = getattr(self, "model_path_as_given", self.model_path)
         self.model_path = resolve_model_path(self.model_path)
         if self.speculative_draft_model_path is not None:
             self.speculative_draft_model_path = resolve_model_path(self.speculative_draft_model_path)
@@ -213,6 +222,24 @@ class ServerArgs:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and self.dist_init_addr is None:
             raise ValueError("nnodes > 1 needs dist_init_addr, the host:port of node 0")
+        self._check_tools_grammar_embedding()
+
+    def _check_tools_grammar_embedding(self) -> None:
+        from minisgl.function_call.function_call_parser import TOOL_CALL_PARSERS
+
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            choices = sorted(TOOL_CALL_PARSERS)
+            raise ValueError(
+                f"tool_call_parser {self.tool_call_parser!r} is not one minisgl has; choose one of {choices}"
+            )
+        if self.is_embedding:
+            # Embeddings pool the hidden states a generation captures (managers/embedding.py).
+            self.enable_return_hidden_states = True
+        if self.grammar_backend != "xgrammar":
+            raise ValueError(
+                f"grammar_backend {self.grammar_backend!r} is not available: minisgl implements only xgrammar "
+                "(SGLang also has outlines, llguidance and none)"
+            )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

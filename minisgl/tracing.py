@@ -3,7 +3,9 @@
 An event is a dict ``{"event": "ModelRunner.load_model", "phase": "begin"|"end"|"point", **attrs}``.
 Golden traces keep no times, ids or addresses, so a trace is a deterministic
 function of the code path taken. When no recorder is active, ``span``/``point``
-cost one attribute read.
+cost one attribute read. While the torch profiler runs (managers/scheduler_profiler.py),
+every span is also a ``torch.profiler.record_function`` range, so a profiler trace shows
+minisgl's own structure.
 
     with tracing.record() as events:
         engine.generate(...)
@@ -21,6 +23,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 _local = threading.local()
+_profiling = False  # process-wide: the profiler records every thread
+
+
+def set_profiling(on: bool) -> None:
+    global _profiling
+    _profiling = on
 
 
 def _active() -> list[dict] | None:
@@ -48,12 +56,23 @@ def extend(events: list[dict]) -> None:
 @contextlib.contextmanager
 def span(event: str, **attrs: Any) -> Iterator[None]:
     events = _active()
-    if events is None:
+    if events is None and not _profiling:
         yield
         return
-    events.append({"event": event, "phase": "begin", **attrs})
-    yield
-    events.append({"event": event, "phase": "end"})
+    with _profiler_range(event):
+        if events is not None:
+            events.append({"event": event, "phase": "begin", **attrs})
+        yield
+        if events is not None:
+            events.append({"event": event, "phase": "end"})
+
+
+def _profiler_range(event: str):
+    if not _profiling:
+        return contextlib.nullcontext()
+    import torch  # only a profiled process gets here, and it has torch loaded
+
+    return torch.profiler.record_function(event)
 
 
 def traced(fn: Optional[Callable] = None, *, name: Optional[str] = None, attrs: Optional[Callable[..., dict]] = None):
@@ -71,7 +90,7 @@ def traced(fn: Optional[Callable] = None, *, name: Optional[str] = None, attrs: 
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            if _active() is None:
+            if _active() is None and not _profiling:
                 return func(*args, **kwargs)
             with span(event, **(attrs(*args, **kwargs) if attrs else {})):
                 return func(*args, **kwargs)

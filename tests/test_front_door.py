@@ -93,16 +93,39 @@ def test_n_gives_n_results_that_differ_and_repeat_under_a_seed(engine):
     ]
 
 
-def test_stream_chunks_add_up_to_the_whole(engine):
+def test_stream_chunks_hold_everything_so_far(engine):
+    # SGLang 0.5.9's Engine: each chunk's text and output_ids are the whole output so far.
     params = {**SEEDED, "max_new_tokens": 12}
     whole = engine.generate(["The river", "A serving engine"], params)
     chunks = list(engine.generate(["The river", "A serving engine"], params, stream=True))
     assert len(chunks) > 2
     for i, result in enumerate(whole):
         mine = [c for c in chunks if c["index"] == i]
-        assert "".join(c["text"] for c in mine) == result["text"]
-        assert sum((c["output_ids"] for c in mine), []) == result["output_ids"]
+        assert all(result["text"].startswith(c["text"]) for c in mine) and mine[-1]["text"] == result["text"]
+        assert mine[-1]["output_ids"] == result["output_ids"]
         assert mine[-1]["meta_info"]["finish_reason"] == result["meta_info"]["finish_reason"]
+
+
+def test_sglang_stream_and_merge_gives_the_whole_text(engine):
+    # SGLang's documented helpers merge the chunks by their overlap: they need text so far.
+    from sglang.utils import async_stream_and_merge, stream_and_merge
+
+    prompt, params = "The river", {**GREEDY, "max_new_tokens": 40}
+    whole = engine.generate(prompt, params)["text"]
+    assert stream_and_merge(engine, prompt, params) == whole
+
+    async def merged():
+        return "".join([piece async for piece in async_stream_and_merge(engine, prompt, params)])
+
+    assert asyncio.run(merged()) == whole
+
+
+def test_stream_output_makes_only_the_ids_deltas(tiny_llama):
+    with Engine(model_path=tiny_llama, max_total_tokens=256, stream_output=True) as e:
+        whole = e.generate("The river", {**GREEDY, "max_new_tokens": 8})
+        chunks = list(e.generate("The river", {**GREEDY, "max_new_tokens": 8}, stream=True))
+    assert sum((c["output_ids"] for c in chunks), []) == whole["output_ids"]
+    assert chunks[-1]["text"] == whole["text"]
 
 
 def test_a_stream_left_early_aborts_and_frees_the_kv(engine):
@@ -125,7 +148,7 @@ def test_async_generate_runs_concurrent_requests_in_one_batch(engine):
     async def streamed():
         return [c async for c in await engine.async_generate("The river", GREEDY, stream=True)]
 
-    assert sum((c["output_ids"] for c in asyncio.run(streamed())), []) == expected[0]
+    assert asyncio.run(streamed())[-1]["output_ids"] == expected[0]
 
 
 def test_minisgl_engine_is_the_engine(tiny_llama):

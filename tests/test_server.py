@@ -297,7 +297,8 @@ BAD_REQUESTS = [
     ("streamed prompt over context", "/v1/completions", {"model": MODEL, "prompt": TOO_LONG, "stream": True}, 400),
     ("generate with text and ids", "/generate", {"text": "hi", "input_ids": [1]}, 400),
     ("generate with bad params", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "x"}}, 400),
-    ("unknown route", "/v1/embeddings", {"model": MODEL, "input": "hi"}, 404),
+    ("embeddings without --is-embedding", "/v1/embeddings", {"model": MODEL, "input": "hi"}, 400),
+    ("unknown route", "/v1/moderations", {"model": MODEL, "input": "hi"}, 404),
 ]
 
 

@@ -41,14 +41,19 @@ class Engine:
         self.tokenizer_manager = TokenizerManager(server_args)
         self.server_args = self.tokenizer_manager.server_args
 
+    def _tokenizer_manager(self) -> TokenizerManager:
+        if self.tokenizer_manager is None:
+            raise RuntimeError("this Engine has been shut down (or runs only a non-zero node's ranks)")
+        return self.tokenizer_manager
+
     @property
     def scheduler(self):
         """The scheduler handle (the Scheduler itself with one rank), for readers who step it."""
-        return self.tokenizer_manager.scheduler
+        return self._tokenizer_manager().scheduler
 
     @property
     def tokenizer(self):
-        return self.tokenizer_manager.tokenizer
+        return self._tokenizer_manager().tokenizer
 
     # generate and async_generate take exactly GenerateReqInput's fields (``text`` as ``prompt``),
     # as SGLang's Engine.generate says of its own; tests/test_sglang_fields.py keeps them equal.
@@ -71,10 +76,10 @@ class Engine:
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One prompt gives one dict, a batch (or n > 1) a list, in order; with ``stream`` an
         iterator of chunks whose ``text`` and ``output_ids`` are everything so far, as SGLang's
-        (only the new part with ``stream_output=True``; a batch's chunks carry ``index``).
+        (the ids alone are deltas with ``stream_output=True``; a batch's chunks carry ``index``).
         Bad input raises ValueError before anything runs."""
         fields = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
-        chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
+        chunks = self._tokenizer_manager().generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return _iterate_inline(chunks)
         return run_inline(_only(chunks))
@@ -97,32 +102,46 @@ class Engine:
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """generate, as a coroutine: concurrent calls share the scheduler's batches."""
         fields = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
-        chunks = self._generate_request(GenerateReqInput(text=prompt, **fields))
+        chunks = self._tokenizer_manager().generate_request(GenerateReqInput(text=prompt, **fields))
         if stream:
             return chunks
         return await _only(chunks)
 
-    def _generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
-        # Deltas, as SGLang's Engine streams them; the HTTP /generate route streams everything so
-        # far unless the server runs with --stream-output.
-        return self.tokenizer_manager.generate_request(obj, stream_deltas=True)
+    def encode(self, prompt: Union[str, list[str], list[int], list[list[int]]]) -> Union[dict, list[dict]]:
+        """Embeddings (the Engine started with ``is_embedding=True``): ``{"embedding", "meta_info"}``
+        for one prompt, a list for several; a prompt is a string or token ids (SGLang's Engine.encode)."""
+        from minisgl.managers.embedding import encode
+
+        results = run_inline(encode(self._tokenizer_manager(), prompt))
+        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+        return results[0] if single else results
 
     def flush_cache(self) -> bool:
-        return run_inline(self.tokenizer_manager.flush_cache())
+        return run_inline(self._tokenizer_manager().flush_cache())
 
     def get_server_info(self) -> dict:
-        return run_inline(self.tokenizer_manager.get_server_info())
+        return run_inline(self._tokenizer_manager().get_server_info())
 
     # ---- expert distribution recorder (SGLang's Engine method names) ---------------------
 
     def start_expert_distribution_record(self) -> None:
-        run_inline(self.tokenizer_manager.start_expert_distribution_record())
+        run_inline(self._tokenizer_manager().start_expert_distribution_record())
 
     def stop_expert_distribution_record(self) -> None:
-        run_inline(self.tokenizer_manager.stop_expert_distribution_record())
+        run_inline(self._tokenizer_manager().stop_expert_distribution_record())
 
     def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
-        return run_inline(self.tokenizer_manager.dump_expert_distribution_record(output_path))
+        return run_inline(self._tokenizer_manager().dump_expert_distribution_record(output_path))
+
+    # ---- profiling (SGLang's Engine.start_profile / stop_profile) ---------------------------
+
+    def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list[str]] = None) -> None:
+        """Run the torch profiler, with minisgl's spans as ranges, until stop_profile."""
+        run_inline(self._tokenizer_manager().start_profile(output_dir, activities))
+
+    def stop_profile(self) -> str:
+        """Stop the profiler; the path of the Chrome trace it wrote (open it in Perfetto)."""
+        return run_inline(self._tokenizer_manager().stop_profile())
 
     def shutdown(self) -> None:
         if self.tokenizer_manager is not None:

@@ -1,16 +1,15 @@
 """The HTTP server: FastAPI routes over one TokenizerManager, served by uvicorn.
 
 Mirrors python/sglang/srt/entrypoints/http_server.py: the native routes (/generate,
-/health, /health_generate, /get_server_info, /get_model_info, /tokenize, /detokenize,
+/health, /health_generate, /[get_]server_info, /get_model_info, /tokenize, /detokenize,
 /flush_cache, /abort_request, the expert-distribution routes), the OpenAI routes
-(/v1/completions, /v1/chat/completions, /v1/models[/{id}]), /metrics with
---enable-metrics, the handlers that turn FastAPI's 422 into a 400, the API-key
-middleware (SGLang's utils/auth.py) and launch_server, which adds the defences of
-http_middleware.py. Control routes are POST-only, so a cross-site GET cannot flush the
-cache. SGLang keeps the app in module globals; minisgl builds it in ``create_app``, so a
-test can run a server in-process. Errors use OpenAI's body ``{"error": {...}}``
-everywhere. Omitted: weight updates, LoRA, sessions, profiling, embeddings, the
-Ollama/SageMaker/Vertex routes, warm-up requests.
+(/v1/completions, /v1/chat/completions, /v1/models[/{id}]; /v1/embeddings in
+openai/serving_embedding.py; profiling and refusals in http_extra_routes.py), /metrics with
+--enable-metrics, the handlers that turn FastAPI's 422 into a 400, the API-key middleware
+(SGLang's utils/auth.py) and launch_server, which adds the defences of http_middleware.py.
+Control routes are POST-only (no cross-site GET flushes the cache). The app is built in
+``create_app`` (SGLang: module globals), so tests run it in-process. Errors use OpenAI's
+``{"error": {...}}``. Omitted: weight updates, LoRA, sessions, Ollama/SageMaker/Vertex, warm-up.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minisgl.entrypoints import http_extra_routes as extra_routes
 from minisgl.entrypoints.http_errors import (
     http_exception_handler,
     internal_error_handler,
@@ -35,6 +35,7 @@ from minisgl.entrypoints.http_errors import (
 )
 from minisgl.entrypoints.http_guards import APIKeyMiddleware
 from minisgl.entrypoints.http_middleware import GracefulServer, harden, header_timeout_protocol, is_loopback
+from minisgl.entrypoints.openai import serving_embedding
 from minisgl.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -61,8 +62,7 @@ def _tokenizer_manager(request: Request) -> TokenizerManager:
     return request.app.state.tokenizer_manager
 
 
-def _jsonable(obj):
-    # meta_info and expert-distribution dumps may hold tensors (routed experts, counts).
+def _jsonable(obj):  # meta_info and expert-distribution dumps may hold tensors (routed experts, counts)
     return jsonable_encoder(obj, custom_encoder={torch.Tensor: lambda t: t.tolist()})
 
 
@@ -79,6 +79,7 @@ async def health(request: Request) -> Response:
     return create_error_response(problem, HTTPStatus.SERVICE_UNAVAILABLE)
 
 
+@router.get("/server_info")  # the name sglang-router asks first
 @router.get("/get_server_info")
 async def get_server_info(request: Request) -> dict:
     """Server args, worker limits and the live KV-pool accounting (SGLang lists the last per DP rank)."""
@@ -143,15 +144,16 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=HTTPStatus.OK)
 
 
+@router.get("/model_info")
 @router.get("/get_model_info")
 async def get_model_info(request: Request) -> dict:
     """SGLang's /get_model_info (also /model_info), which its frontend language reads first."""
     tm = _tokenizer_manager(request)
     hf_config = tm.model_config.hf_config
     return {
-        "model_path": tm.server_args.model_path,
+        "model_path": tm.server_args.model_path_as_given,  # SGLang's frontend picks its chat template by it
         "tokenizer_path": tm.server_args.tokenizer_path,
-        "is_generation": True,
+        "is_generation": not tm.server_args.is_embedding,
         "preferred_sampling_params": None,
         "weight_version": "default",
         "has_image_understanding": False,
@@ -159,9 +161,6 @@ async def get_model_info(request: Request) -> dict:
         "model_type": getattr(hf_config, "model_type", None),
         "architectures": getattr(hf_config, "architectures", None),
     }
-
-
-router.add_api_route("/model_info", get_model_info, methods=["GET"])
 
 
 @router.post("/tokenize")
@@ -263,7 +262,7 @@ async def openai_v1_chat_completions(request: ChatCompletionRequest, raw_request
 def _model_card(request: Request) -> ModelCard:
     tm = _tokenizer_manager(request)
     name = request.app.state.served_model_name
-    return ModelCard(id=name, root=tm.server_args.model_path, max_model_len=tm.context_len)
+    return ModelCard(id=name, root=tm.server_args.model_path_as_given, max_model_len=tm.context_len)
 
 
 @router.get("/v1/models")
@@ -299,12 +298,13 @@ def create_app(
         tokenizer_manager.shutdown()
 
     app = FastAPI(title="minisgl", lifespan=lifespan)
-    served_model_name = served_model_name or tokenizer_manager.server_args.model_path
+    served_model_name = served_model_name or tokenizer_manager.server_args.model_path_as_given
     app.state.tokenizer_manager = tokenizer_manager
     app.state.served_model_name = served_model_name
     app.state.openai_serving_completion = OpenAIServingCompletion(tokenizer_manager, served_model_name)
     app.state.openai_serving_chat = OpenAIServingChat(tokenizer_manager, served_model_name)
-    app.include_router(router)
+    for routes in (router, extra_routes.router, serving_embedding.router):
+        app.include_router(routes)
     if tokenizer_manager.server_args.enable_metrics:
         from minisgl.managers.metrics_collector import MetricsCollectors
 

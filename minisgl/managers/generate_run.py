@@ -2,10 +2,11 @@
 
 Mirrors the output half of python/sglang/srt/managers/tokenizer_manager.py
 (_handle_batch_output, convert_logprob_style, detokenize_logprob_tokens) with the
-detokenizer's per-request DecodeStatus. A streamed chunk carries, as SGLang's do, the
-text and output ids so far (SGLang's default), or only the new part when the server
-runs with --stream-output (SGLang's incremental_streaming_output); logprobs follow
-the same rule. ``return_text_in_logprobs`` fills the text slot of every logprob tuple.
+detokenizer's per-request DecodeStatus. A streamed chunk carries, as SGLang 0.5.9's do
+(tokenizer_manager.py:1550-1566 in its wheel), the text and logprobs so far, and the
+output ids so far, or only the new ids when the server runs with --stream-output. The
+OpenAI routes ask for deltas of everything (``deltas=True``), which they stream as they
+are. ``return_text_in_logprobs`` fills the text slot of every logprob tuple.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class GenerateRun:
         obj: GenerateReqInput,
         reqs: list[TokenizedGenerateReqInput],
         deltas: bool,
+        id_deltas: bool,
         metrics: Optional[Any],
         abort: Callable[[str], None],
     ) -> None:
@@ -39,7 +41,8 @@ class GenerateRun:
         self.reqs = reqs
         self.single = obj.is_single
         self.stream = obj.stream
-        self.deltas = deltas
+        self.deltas = deltas  # text, ids and logprobs: only the new part (the OpenAI routes)
+        self.id_deltas = id_deltas  # the ids alone (SGLang's --stream-output)
         self.text_in_logprobs = obj.return_text_in_logprobs
         self.created = time.time()  # SGLang's e2e_latency counts from here, the front door
         self.pending = {r.rid: i for i, r in enumerate(reqs)}
@@ -82,7 +85,8 @@ class GenerateRun:
         if self.deltas:
             chunk = {"text": text, "output_ids": list(out.new_output_ids), "meta_info": {**meta, **new_logprobs}}
         else:
-            chunk = {"text": self.texts[i], "output_ids": list(self.output_ids[i]), "meta_info": dict(meta)}
+            ids = out.new_output_ids if self.id_deltas else self.output_ids[i]
+            chunk = {"text": self.texts[i], "output_ids": list(ids), "meta_info": dict(meta)}
         if not self.single:
             chunk["index"] = i
         return chunk

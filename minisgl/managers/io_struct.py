@@ -288,3 +288,12 @@ class ExpertDistributionReq:
 @dataclasses.dataclass
 class GetInternalStateReq:
     pass
+
+
+@dataclasses.dataclass
+class ProfileReq:
+    """SGLang's ProfileReq: start or stop the torch profiler in the scheduler (scheduler_profiler.py)."""
+
+    action: str  # "start" | "stop"
+    output_dir: Optional[str] = None
+    activities: Optional[list[str]] = None  # SGLang's names: "CPU", "GPU"

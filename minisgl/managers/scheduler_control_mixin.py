@@ -1,5 +1,5 @@
 """The scheduler's control requests: flush the radix cache, report internal state, drive the
-expert distribution recorder.
+expert distribution recorder, start and stop the torch profiler (scheduler_profiler.py).
 
 SGLang keeps these methods in managers/scheduler.py itself (flush_cache, get_internal_state,
 expert_distribution_handle); minisgl moves them into this mixin so that scheduler.py holds the
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Optional
 
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
-from minisgl.managers.io_struct import ExpertDistributionReq, FlushCacheReqInput, GetInternalStateReq
+from minisgl.managers.io_struct import ExpertDistributionReq, FlushCacheReqInput, GetInternalStateReq, ProfileReq
+from minisgl.managers.scheduler_profiler import handle_profile_req
 
 
 class SchedulerControlMixin:
@@ -64,4 +65,6 @@ class SchedulerControlMixin:
             if req.action == "dump" and self.tp_rank != 0:
                 return None  # routing is replicated, so every rank counted the same; one writes
             return self.expert_distribution_handle(req.action, req.output_path)
+        if isinstance(req, ProfileReq):
+            return handle_profile_req(req, self.tp_rank)
         raise TypeError(f"unknown request {type(req).__name__}")

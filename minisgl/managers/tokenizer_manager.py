@@ -32,6 +32,7 @@ from minisgl.managers.io_struct import (
     FlushCacheReqInput,
     GenerateReqInput,
     GetInternalStateReq,
+    ProfileReq,
     ReqOutput,
     TokenizedGenerateReqInput,
     check_text,
@@ -84,18 +85,19 @@ class TokenizerManager:
     async def generate_request(
         self, obj: GenerateReqInput, request=None, stream_deltas: Optional[bool] = None
     ) -> AsyncIterator[Union[dict, list[dict]]]:
-        """Stream: yield one chunk per scheduler output, with the text and ids so far, or only
-        the new part with ``stream_deltas`` (default: the server's --stream-output; the OpenAI
-        layer always asks for deltas). Otherwise yield once: a dict, or a list of dicts for a
+        """Stream: yield one chunk per scheduler output, with the text and ids so far (the ids
+        alone as deltas under --stream-output, SGLang's rule), or only the new part of each
+        with ``stream_deltas`` (the OpenAI layer's). Otherwise yield once: a dict, or a list of dicts for a
         batch (several prompts, or n > 1). ``request`` is the HTTP request, polled for a client
         that left; a streaming client that leaves closes this generator instead. Either way
         what has not finished is aborted and its KV freed."""
         reqs = await self._tokenize(obj)
         state = self.driver.new_state()
         self.driver.send(reqs, state)  # a rid in use is refused here, before the try aborts it
-        if stream_deltas is None:
-            stream_deltas = self.server_args.stream_output
-        run = GenerateRun(self.tokenizer, obj, reqs, stream_deltas, self.metrics, self.abort_request)
+        # SGLang 0.5.9: text and logprobs so far; the ids alone become deltas under --stream-output.
+        deltas = bool(stream_deltas)
+        id_deltas = deltas or (stream_deltas is None and self.server_args.stream_output)
+        run = GenerateRun(self.tokenizer, obj, reqs, deltas, id_deltas, self.metrics, self.abort_request)
         try:
             while run.pending:
                 chunk = run.on_output(await self._wait_one_output(state, obj, request))
@@ -206,6 +208,13 @@ class TokenizerManager:
 
     async def dump_expert_distribution_record(self, output_path: Optional[str] = None) -> dict:
         return await self._call(ExpertDistributionReq("dump", output_path))
+
+    async def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list[str]] = None) -> None:
+        await self._call(ProfileReq("start", output_dir, activities))
+
+    async def stop_profile(self) -> Optional[str]:
+        """Stop the torch profiler; the path of rank 0's Chrome trace."""
+        return await self._call(ProfileReq("stop"))
 
     async def get_internal_state(self) -> dict:
         """KV-pool, radix-cache and queue accounting, read by the scheduler between steps."""

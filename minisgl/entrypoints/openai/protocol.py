@@ -6,8 +6,9 @@ ChatCompletionRequest/Response and their stream variants), with the same
 field names, including SGLang's extensions (top_k, min_p, repetition_penalty,
 stop_token_ids, ignore_eos, skip_special_tokens; the openai client sends them
 through ``extra_body``), and ``response_format`` (text, json_object, json_schema)
-for both routes, as SGLang accepts it. Omitted: tools and tool calls, reasoning,
-structural tags, image/audio/video content, embeddings, suffix. The request models are
+for both routes, as SGLang accepts it; the tool models are in protocol_tools.py, the
+embedding ones in serving_embedding.py. Omitted: reasoning, structural tags,
+image/audio/video content (refused by name), suffix. The request models are
 strict ("10" is not an int) and forbid unknown fields; SGLang's fields that minisgl lacks
 are refused by name from the table below. Value ranges are checked once, by
 SamplingParams.verify and the TokenizerManager, for every entry point.
@@ -19,8 +20,9 @@ import json
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from minisgl.entrypoints.openai.protocol_tools import Tool, ToolCall, ToolChoiceField
 from minisgl.managers.io_struct import refuse_unsupported
 
 # SGLang's CompletionRequest / ChatCompletionRequest fields (protocol.py at 64bca53) that minisgl
@@ -28,11 +30,8 @@ from minisgl.managers.io_struct import refuse_unsupported
 # serving.md's table is checked against this dict (tests/test_sglang_fields.py).
 UNSUPPORTED_OPENAI_FIELDS: dict[str, tuple[object, str]] = {
     "suffix": (None, "text after the insertion point"),
-    "tools": (None, "tool calls"),
-    "tool_choice": ("none", "tool calls"),
-    "parallel_tool_calls": (None, "tool calls"),
-    "functions": (None, "tool calls"),
-    "function_call": (None, "tool calls"),
+    "functions": (None, "the legacy function-call fields; use tools"),
+    "function_call": (None, "the legacy function-call fields; use tools"),
     "reasoning_effort": (None, "reasoning parsers"),
     "separate_reasoning": (True, "reasoning parsers"),
     "stream_reasoning": (True, "reasoning parsers"),
@@ -188,7 +187,7 @@ class CompletionRequest(SamplingFields):
     best_of: Optional[int] = None  # only equal to n: minisgl returns every sample it draws
 
 
-FinishReason = Optional[Literal["stop", "length", "abort"]]
+FinishReason = Optional[Literal["stop", "length", "abort", "tool_calls"]]
 
 
 class CompletionResponseChoice(BaseModel):
@@ -237,6 +236,19 @@ class ChatCompletionMessageParam(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ChatCompletionMessageContentTextPart], None] = None
     name: Optional[str] = None
+    # An assistant turn's calls (OpenAI's shape, arguments a JSON string) and a tool turn's answer.
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        # Without this, an image part reads as pydantic's message about every member of the union.
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"minisgl does not support {kind!r} content parts (only text: no multimodal input)")
+        return content
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -247,6 +259,9 @@ class ChatCompletionRequest(SamplingFields):
     temperature: float = 1.0
     logprobs: bool = False
     top_logprobs: Optional[int] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: ToolChoiceField = None  # None: "auto" with tools, "none" without (SGLang's default)
+    parallel_tool_calls: bool = True
 
 
 class TopLogprob(BaseModel):
@@ -270,7 +285,7 @@ class ChatMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
     reasoning_content: Optional[str] = None
-    tool_calls: Optional[list] = None
+    tool_calls: Optional[list[ToolCall]] = None
 
 
 class ChatCompletionResponseChoice(BaseModel):
@@ -293,9 +308,9 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
-    # SGLang always sends these, null when unused (minisgl has no reasoning parser or tool calls).
+    # SGLang always sends these, null when unused (minisgl has no reasoning parser).
     reasoning_content: Optional[str] = None
-    tool_calls: Optional[list] = None
+    tool_calls: Optional[list[ToolCall]] = None
 
 
 class ChatCompletionResponseStreamChoice(BaseModel):

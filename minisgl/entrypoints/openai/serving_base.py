@@ -123,7 +123,7 @@ class OpenAIServingBase:
             meta = chunk["meta_info"]
             if meta["finish_reason"] is not None:
                 final_metas[index] = meta
-            elif not chunk["text"] and not meta.get("output_token_logprobs"):
+            elif not chunk["text"] and not meta.get("output_token_logprobs") and not chunk.get("tool_calls"):
                 continue  # nothing to show yet (a partial character, or a possible stop string)
             yield self._stream_event(request, response_id, index, chunk, first=index not in started)
             started.add(index)
