@@ -131,6 +131,9 @@ FORBIDDEN = {
     "speculative": {"entrypoints", "tools"},
     "managers": {"entrypoints", "tools"},
     "entrypoints": {"tools"},
+    # Tool-call parsers read model text and nothing of the runtime (SGLang's srt/function_call/ too).
+    "function_call": {"kernels", "distributed", "eplb", "configs", "mem_cache", "constrained", "sampling", "layers",
+                      "models", "model_loader"} | _SHELL,
     "tools": set(),  # the scripts that draw figures and refresh traces may use anything; nothing uses them
 }  # fmt: skip
 
