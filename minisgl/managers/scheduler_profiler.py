@@ -27,6 +27,15 @@ _ACTIVITIES = {"CPU": torch.profiler.ProfilerActivity.CPU, "GPU": torch.profiler
 _running: Optional[tuple[torch.profiler.profile, str]] = None
 
 
+def _all_threads_config() -> Optional[torch.profiler._ExperimentalConfig]:
+    """Record every thread, not only the one that starts the profiler: the overlap loop runs its
+    forwards on a thread of their own. Older torch (before profile_all_threads) records this one."""
+    try:
+        return torch.profiler._ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        return None
+
+
 def handle_profile_req(req: ProfileReq, tp_rank: int) -> Optional[str]:
     """Start (returns None) or stop (returns the trace file's path) this process's profile."""
     global _running
@@ -40,7 +49,9 @@ def handle_profile_req(req: ProfileReq, tp_rank: int) -> Optional[str]:
         output_dir = req.output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
         os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, f"{time.time():.0f}-TP-{tp_rank}.trace.json")
-        profile = torch.profiler.profile(activities=[_ACTIVITIES[a] for a in activities])
+        profile = torch.profiler.profile(
+            activities=[_ACTIVITIES[a] for a in activities], experimental_config=_all_threads_config()
+        )
         profile.start()
         tracing.set_profiling(True)
         _running = (profile, path)
