@@ -6,14 +6,15 @@
 SGLang's bench_one_batch measures one static batch; this does the same through the Engine:
 for each batch size B, B prompts of --input-len random tokens; TTFT is the time of a run with
 max_new_tokens=1, and decode tok/s per stream is (output_len - 1) / (time of the full run - TTFT).
-minisgl runs three ways: the normal loop (--disable-overlap-schedule), the overlap loop (the
-default) and the overlap loop with the CPU graph runner (--enable-torch-compile; its compile time,
-spent in a warm-up per bucket, is printed). llama.cpp (scripts/setup_llama_cpp.sh) runs the same
-prompts through benchmarks/peer_llama_cpp.py in the same dtype, and vLLM's CPU build
-(scripts/setup_vllm_cpu.sh) through benchmarks/peer_vllm.py; both report throughput only, shown
-per stream; each is skipped with a printed line when absent. Each dtype starts with the
-weight-bandwidth floor: weight bytes / the DRAM read rate benchmarks/roofline.py measures, the
-least time one decode step can take, and every decode rate is shown as a share of it.
+minisgl runs three ways: the normal loop (the CPU's default), the overlap loop (SGLang's
+default, --disable-overlap-schedule false) and the overlap loop with the CPU graph runner
+(--enable-torch-compile; its compile time, spent in a warm-up per bucket, is printed).
+llama.cpp (scripts/setup_llama_cpp.sh) runs the same prompts through benchmarks/peer_llama_cpp.py
+in the same dtype, and vLLM's CPU build (scripts/setup_vllm_cpu.sh) through benchmarks/peer_vllm.py;
+both report throughput only, shown per stream; each is skipped with a printed line when absent.
+Each dtype starts with the weight-bandwidth floor: weight bytes / the DRAM read rate
+benchmarks/roofline.py measures, the least time one decode step can take, and every decode rate
+is shown as a share of it.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, res
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {
     "minisgl normal": dict(disable_overlap_schedule=True),
-    "minisgl overlap": dict(),
-    "minisgl overlap + graph": dict(enable_torch_compile=True, torch_compile_max_bs=16),
+    "minisgl overlap": dict(disable_overlap_schedule=False),
+    "minisgl overlap + graph": dict(disable_overlap_schedule=False, enable_torch_compile=True, torch_compile_max_bs=16),
 }
 
 

@@ -24,6 +24,14 @@ CLI_ALIASES = {
 }
 
 
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 @dataclass
 class ServerArgs:
     # Model and tokenizer
@@ -54,9 +62,10 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 32
 
-    # Overlap scheduling (the default, as in SGLang; docs/chapters/scheduler.md says why) and the
-    # CPU graph runner: torch.compile of decode per batch-size bucket up to torch_compile_max_bs
-    disable_overlap_schedule: bool = False
+    # Overlap scheduling: None picks per device, overlap on a GPU (SGLang's default), the normal loop on
+    # a CPU, where it measured faster (docs/chapters/scheduler.md says why). And the CPU graph runner:
+    # torch.compile of decode per batch-size bucket up to torch_compile_max_bs
+    disable_overlap_schedule: Optional[bool] = None
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
 
@@ -133,6 +142,9 @@ class ServerArgs:
     def _handle_device(self) -> None:
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.disable_overlap_schedule is None:
+            # On a CPU the forward's OpenMP threads and the scheduler's thread share the same cores.
+            self.disable_overlap_schedule = not self.device.startswith("cuda")
 
     def _handle_attention_backend(self) -> None:
         # The backend is a personality fixed here and in ModelRunner.init_attention_backend,
@@ -247,6 +259,9 @@ class ServerArgs:
             flags = ["--" + field.name.replace("_", "-"), *CLI_ALIASES.get(field.name, ())]
             if field.type in ("bool", bool):
                 parser.add_argument(*flags, dest=field.name, action="store_true", default=field.default)
+                continue
+            if field.type == "Optional[bool]":  # the flag alone means True; "false" overrides a default
+                parser.add_argument(*flags, dest=field.name, nargs="?", const=True, default=None, type=_parse_bool)
                 continue
             base = str(field.type).replace("Optional[", "").rstrip("]")
             kind = {"int": int, "float": float}.get(base, str)

@@ -2,8 +2,8 @@
 
 Outputs must be identical (token ids; logprobs to float tolerance, as batches may differ in
 composition), with greedy and seeded sampling, the radix cache, chunked prefill, retraction,
-grammars, logprobs and aborts, and the KV pool whole afterwards. test_kv_pressure.py runs the
-default loop under pressure with the accounting checked after every step.
+grammars, logprobs and aborts, and the KV pool whole afterwards; and which loop each device
+gets by default.
 """
 
 import pytest
@@ -90,9 +90,9 @@ def test_overlap_with_a_grammar(tiny_llama):
 
 
 def test_aborts_in_flight_free_everything(tiny_llama):
-    engine = Engine(model_path=tiny_llama, max_total_tokens=2048)
+    engine = Engine(model_path=tiny_llama, max_total_tokens=2048, disable_overlap_schedule=False)
     sched = engine.scheduler
-    assert sched.enable_overlap  # the default loop
+    assert sched.enable_overlap
     params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
         sched.handle_generate_request(TokenizedGenerateReqInput(f"r{i}", None, prompt, params))
@@ -137,3 +137,13 @@ def test_overlap_golden_trace_matches():
         ("Scheduler.launch_batch", "DECODE"),
         ("Scheduler.process_batch_result", "EXTEND"),
     ]
+
+
+def test_the_default_loop_is_per_device(tiny_llama):
+    """Overlap on a GPU (SGLang's default); the normal loop on a CPU, where it measured faster."""
+    from minisgl.server_args import ServerArgs
+
+    assert ServerArgs(model_path=tiny_llama, device="cpu").disable_overlap_schedule is True
+    assert ServerArgs(model_path=tiny_llama, device="cuda").disable_overlap_schedule is False
+    forced = ServerArgs(model_path=tiny_llama, device="cpu", disable_overlap_schedule=False)
+    assert forced.disable_overlap_schedule is False
