@@ -68,6 +68,15 @@ def engine_cmd(engine: str, dtype: str, args, threads: int) -> list[str]:
     return cmd + ["--hf-one-at-a-time", str(getattr(args, "hf_one_at_a_time", 0))]
 
 
+def gguf_source(model_path: str) -> str | None:
+    """The GGUF file the model came from, for llama.cpp (which reads GGUF only); None for an HF folder."""
+    from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path
+
+    if model_path == DEFAULT_MODEL_PATH:
+        return str(bundled_gguf_path())
+    return model_path if model_path.endswith(".gguf") else None
+
+
 def run_in_subprocess(cmd: list[str], env: dict | None = None) -> dict | None:
     """Run one engine's process; its result is the last line that starts with RESULT or {."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -169,16 +178,9 @@ def main() -> None:
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, resolve_model_path
+    from minisgl.model_loader.gguf import resolve_model_path
 
-    # The GGUF file the model came from, for llama.cpp (which reads GGUF only); None for an HF folder.
-    source_gguf = (
-        str(bundled_gguf_path())
-        if args.model_path == DEFAULT_MODEL_PATH
-        else args.model_path
-        if args.model_path.endswith(".gguf")
-        else None
-    )
+    source_gguf = gguf_source(args.model_path)
     args.model_path = resolve_model_path(args.model_path)  # converts the default model once, before timing
     from transformers import AutoConfig
 

@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_offline import run_in_subprocess  # noqa: E402
+from bench_offline import gguf_source, run_in_subprocess  # noqa: E402
 from roofline import read_bandwidth  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 from minisgl.entrypoints.engine import Engine  # noqa: E402
-from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, bundled_gguf_path, resolve_model_path  # noqa: E402
+from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, resolve_model_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {
@@ -114,13 +114,7 @@ def main() -> None:
         args.dtypes, args.batch_sizes, args.output_len = ["float32"], [1, 4], 16
         args.modes = ["minisgl normal", "minisgl overlap"]
     path = resolve_model_path(args.model_path)
-    source_gguf = (
-        str(bundled_gguf_path())
-        if args.model_path == DEFAULT_MODEL_PATH
-        else args.model_path
-        if args.model_path.endswith(".gguf")
-        else None
-    )
+    source_gguf = gguf_source(args.model_path)
     threads = torch.get_num_threads()
     print(f"{args.model_path}: {args.input_len} prompt tokens, {args.output_len} new, {threads} threads, greedy")
     bandwidth = read_bandwidth(1 << 30)
