@@ -15,7 +15,15 @@ PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18], [19]]
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
-@pytest.mark.parametrize("arch,page_size", [("llama", 1), ("qwen3", 4), ("qwen3_moe", 1)])
+# The llama case stays in the default suite; the other two (about 25 s under the Triton interpreter) run with -m slow.
+@pytest.mark.parametrize(
+    "arch,page_size",
+    [
+        ("llama", 1),
+        pytest.param("qwen3", 4, marks=pytest.mark.slow),
+        pytest.param("qwen3_moe", 1, marks=pytest.mark.slow),
+    ],
+)
 def test_triton_matches_torch_native(arch, page_size):
     path = tiny_model_dir(arch)
     native = Engine(model_path=path, max_total_tokens=256, page_size=page_size, attention_backend="torch_native")

@@ -104,6 +104,7 @@ def test_c3_each_rank_builds_its_own_worker_and_takes_rank0_seed():
     assert schedule[0] == schedule[1] and any(e["event"] == "Scheduler.recv_requests" for e in schedule[0])
 
 
+@pytest.mark.slow  # two launchers and four processes, ~17 s; the single-node TP tests stay in the default suite
 def test_c3_two_nodes_on_loopback(tmp_path, tiny_llama):
     """--nnodes 2: node 1 is a separate launch_server process running rank 1 with its own
     (different) seed; node 0's Engine runs rank 0 and talks to the client. Rank 1 ends up
