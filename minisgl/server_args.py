@@ -172,7 +172,8 @@ class ServerArgs:
         if self.chunked_prefill_size is None and not self.device.startswith("cuda"):
             # A prefill's activations ([tokens, intermediate] per MLP) then stay a few tens of MB, so
             # GEMMs and elementwise kernels run from cache: 2,048-token chunks measured 1.4x faster
-            # than one 8,500-token prefill on the offline benchmark (docs/performance.md).
+            # than one 8,500-token prefill on the offline benchmark (recorded in the history of
+            # docs/performance.md: git log -p -- docs/performance.md).
             self.chunked_prefill_size = 2048
         if self.chunked_prefill_size == -1:
             self.chunked_prefill_size = None  # SGLang's "disabled": every prompt prefills in one piece
