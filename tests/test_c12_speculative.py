@@ -194,6 +194,7 @@ def test_c12_refuses_what_it_cannot_do_exactly(drafts):
         )
 
 
+@pytest.mark.slow  # two ranks, target and draft, ~9 s; single-process speculation stays in the default suite
 def test_c12_tensor_parallel_speculation(drafts):
     # Both workers shard over the same TP group; every rank drafts and verifies alike.
     target = tiny_model_dir("qwen3")

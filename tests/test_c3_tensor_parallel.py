@@ -164,6 +164,7 @@ def test_c3_smollm2_tp3_gives_tp1_greedy_tokens(smollm2):
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
 
 
+@pytest.mark.slow  # a TP server and a TP=1 Engine, ~16 s; the Engine-level TP tests stay in the default suite
 def test_c3_server_with_tp2_answers_the_openai_client_as_tp1(tiny_llama, tmp_path):
     """``launch_server --tp-size 2``: rank 0 answers HTTP, the other rank follows its broadcasts;
     greedy completions through the real openai client equal the TP=1 Engine's."""

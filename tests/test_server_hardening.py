@@ -273,6 +273,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama,
     assert "draining" in log_path.read_text()
 
 
+@pytest.mark.slow  # ~8 s; the drain that finishes in time stays in the default suite
 def test_sigterm_past_the_timeout_ends_the_rest_with_an_error_and_exits(tiny_llama, tmp_path):
     """One request runs at a time, so after 0.5 s at least two of the three are still in flight."""
     log_path = tmp_path / "server.log"
