@@ -2,16 +2,21 @@
 
     python benchmarks/soak.py --minutes 30                      # the tiny Llama, 4 clients
     python benchmarks/soak.py --minutes 2 --model-path DIR --clients 8
+    python benchmarks/soak.py --minutes 30 --server-args "--max-total-tokens 100000"
 
 Starts ``python -m minisgl.launch_server`` on a free loopback port (the tiny Llama of
 minisgl.tools.make_tiny_model unless --model-path), then --clients threads send, for
 --minutes, a mix drawn at random (seeded): plain /generate, streamed /generate, OpenAI chat,
 a json_schema-constrained /generate, /tokenize, and a streamed request the client hangs up on
 after its first chunk (which the server must abort and free). Every --sample-seconds it
-records the server's RSS. At the end it prints, per kind: completed (a full answer), failed
-(an HTTP error answer), lost (no answer: a refused or reset connection, a timeout, a stream
-cut before [DONE]; the number that must be 0) and latency p50/p90/p99; then the RSS series,
-its change after warm-up (the first fifth of the run), and whether the KV pool is whole.
+records the server's RSS and how many tokens the radix cache holds: the cache keeps every
+finished prompt until the KV pool is full, and its index (token ids and slot tensors per node)
+lives in Python memory, so RSS grows with it until eviction starts; a small pool
+(--server-args "--max-total-tokens N") reaches that point within the warm-up. At the end it
+prints, per kind: completed (a full answer), failed (an HTTP error answer), lost (no answer: a
+refused or reset connection, a timeout, a stream cut before [DONE]; the number that must be 0)
+and latency p50/p90/p99; then the RSS series, its change after warm-up (the first fifth of the
+run), and whether the KV pool is whole.
 Wall-clock numbers depend on the machine and its load; say which when quoting them.
 """
 
@@ -21,6 +26,7 @@ import argparse
 import collections
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -46,6 +52,15 @@ def _rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cached_tokens(url: str) -> int | str:
+    """Tokens the radix cache holds (evictable + protected), or '?' if the server is too busy to say."""
+    try:
+        info = httpx.get(f"{url}/get_server_info", timeout=10).json()
+        return info["evictable_tokens"] + info["protected_tokens"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return "?"
 
 
 def one_request(http: httpx.Client, kind: str, rng: random.Random) -> str:
@@ -92,6 +107,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sample-seconds", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-args", default="", help="extra launch_server flags, one string")
     args = parser.parse_args()
 
     tmp = tempfile.TemporaryDirectory()
@@ -103,7 +119,7 @@ def main() -> None:
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "minisgl.launch_server", "--model-path", model, "--port", str(port),
-           "--served-model-name", "tiny", "--log-level", "warning"]  # fmt: skip
+           "--served-model-name", "tiny", "--log-level", "warning", *shlex.split(args.server_args)]  # fmt: skip
     server = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -154,7 +170,8 @@ def run(url: str, pid: int, args) -> None:
     try:
         while time.monotonic() < end:
             rss.append((time.monotonic() - start, _rss_mb(pid)))
-            print(f"t={rss[-1][0]:6.0f} s  RSS {rss[-1][1]:7.1f} MB", flush=True)
+            cached = _cached_tokens(url)
+            print(f"t={rss[-1][0]:6.0f} s  RSS {rss[-1][1]:7.1f} MB  radix cache {cached:>9} tokens", flush=True)
             time.sleep(min(args.sample_seconds, max(0.0, end - time.monotonic())))
     finally:
         stop.set()
