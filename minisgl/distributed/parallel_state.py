@@ -2,9 +2,10 @@
 
 Mirrors python/sglang/srt/distributed/parallel_state.py (GroupCoordinator with its
 send_object / recv_object / send_tensor_dict / recv_tensor_dict, init_distributed_environment,
-initialize_model_parallel, get_tp_group, get_pp_group, get_tensor_model_parallel_rank/world_size) and, for tensor_model_parallel_all_reduce /
-all_gather, python/sglang/srt/distributed/communication_op.py:11, which minisgl keeps in
-this file because each is one line over the TP group. A GroupCoordinator holds two process groups over the same ranks:
+initialize_model_parallel, get_tp_group, get_pp_group, get_tensor_model_parallel_rank/world_size)
+and, for tensor_model_parallel_all_reduce / all_gather, python/sglang/srt/distributed/communication_op.py:11,
+which minisgl keeps in this file because each is one line over the TP group. A GroupCoordinator
+holds two process groups over the same ranks:
 ``device_group`` for tensors (gloo on CPU, nccl on CUDA) and ``cpu_group``
 (always gloo) for Python objects such as the scheduler's requests. Until
 initialize_model_parallel() runs, the process is rank 0 of a group of one and

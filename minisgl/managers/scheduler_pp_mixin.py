@@ -106,7 +106,8 @@ class SchedulerPPMixin:
         return recv_reqs
 
     def _pp_launch_batch(self: "Scheduler", mb_id: int, batch: "ScheduleBatch") -> None:
-        """Run this stage's layers on the micro-batch; hand the tensors on, or (last stage) the result back to stage 0."""
+        """Run this stage's layers on the micro-batch; hand the tensors on, or (the last stage) send the
+        result back to stage 0."""
         pp_proxy_tensors = None
         if not self.pp_group.is_first_rank:
             pp_proxy_tensors = PPProxyTensors(self.pp_group.recv_tensor_dict(device=self.worker_info.device))
