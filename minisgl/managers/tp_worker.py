@@ -13,6 +13,7 @@ hosts LoRA, weight updates, hicache hooks and dLLM here; omitted.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -55,8 +56,8 @@ class WorkerInfo:
     device: str
     page_size: int
     vocab_size: int
-    # Every rank's place and share, gathered at start-up: pp_rank, tp_rank, its layers [start, end),
-    # its KV pool's and weights' bytes (/get_server_info reports it).
+    # Every rank's process and share, gathered at start-up: pid, pp_rank, tp_rank, its layers
+    # [start, end), its KV pool's and weights' bytes (/get_server_info reports it).
     rank_layout: list[dict]
 
 
@@ -111,6 +112,7 @@ class TpModelWorker:
         )
         runner = self._model_runner
         mine = {
+            "pid": os.getpid(),
             "pp_rank": self.pp_rank,
             "tp_rank": self.tp_rank,
             "layers": [runner.start_layer, runner.end_layer],
