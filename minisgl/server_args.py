@@ -19,6 +19,7 @@ import torch
 CLI_ALIASES = {
     "model_path": ("--model",),
     "tp_size": ("--tensor-parallel-size",),
+    "pp_size": ("--pipeline-parallel-size",),
     "dist_init_addr": ("--nccl-init-addr",),
     "speculative_draft_model_path": ("--speculative-draft-model",),
 }
@@ -74,9 +75,10 @@ class ServerArgs:
     enable_return_routed_experts: bool = False
     expert_distribution_recorder_mode: Optional[str] = None
 
-    # Parallelism and speculation
+    # Parallelism and speculation: pp_size pipeline stages of tp_size ranks each, pp_size x tp_size processes
     tp_size: int = 1
-    # Multi-node TP, with SGLang's meaning: nnodes machines each run tp_size // nnodes ranks,
+    pp_size: int = 1
+    # Multi-node, with SGLang's meaning: nnodes machines each run pp_size * tp_size // nnodes ranks,
     # this one runs ranks [node_rank * that, (node_rank + 1) * that); rank 0 (on node 0)
     # listens on dist_init_addr (host:port). One node picks a free 127.0.0.1 port if unset.
     nnodes: int = 1
@@ -142,9 +144,14 @@ class ServerArgs:
     def _handle_device(self) -> None:
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.pp_size > 1 and self.disable_overlap_schedule is False:
+            raise ValueError(
+                "pp_size > 1 runs the pipeline loop (event_loop_pp); disable_overlap_schedule false cannot apply"
+            )
         if self.disable_overlap_schedule is None:
             # On a CPU the forward's OpenMP threads and the scheduler's thread share the same cores.
-            self.disable_overlap_schedule = not self.device.startswith("cuda")
+            # A pipeline stage runs event_loop_pp, whose micro-batches are its overlap.
+            self.disable_overlap_schedule = not self.device.startswith("cuda") or self.pp_size > 1
 
     def _handle_attention_backend(self) -> None:
         # The backend is a personality fixed here and in ModelRunner.init_attention_backend,
@@ -181,6 +188,10 @@ class ServerArgs:
     def _handle_speculative_decoding(self) -> None:
         if self.speculative_algorithm is None:
             return
+        if self.pp_size > 1:
+            raise ValueError(
+                "speculative_algorithm is not supported with pp_size > 1 (minisgl's pipeline has no draft stage)"
+            )
         if self.speculative_algorithm.upper() != "STANDALONE":
             raise ValueError(f"speculative_algorithm must be STANDALONE, got {self.speculative_algorithm!r}")
         self.speculative_algorithm = "STANDALONE"
@@ -229,8 +240,16 @@ class ServerArgs:
             raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
         if self.tp_size < 1:
             raise ValueError("tp_size must be >= 1")
-        if self.nnodes < 1 or self.tp_size % self.nnodes != 0:
-            raise ValueError(f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})")
+        if self.pp_size < 1:
+            raise ValueError("pp_size must be >= 1")
+        if self.pp_size > 1 and self.enable_torch_compile:
+            raise ValueError(
+                "enable_torch_compile is not supported with pp_size > 1: a stage's graph would return logits"
+            )
+        if self.nnodes < 1 or (self.tp_size * self.pp_size) % self.nnodes != 0:
+            raise ValueError(
+                f"pp_size x tp_size ({self.pp_size * self.tp_size}) must be a multiple of nnodes ({self.nnodes})"
+            )
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
         if self.nnodes > 1 and self.dist_init_addr is None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from minisgl import tracing
 from minisgl.constrained.base_grammar_backend import BaseGrammarBackend
-from minisgl.distributed.parallel_state import get_tp_group
+from minisgl.distributed.parallel_state import get_world_group
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import Req
@@ -118,12 +118,12 @@ class GrammarManager:
 
 
 def _ready_on_every_rank(ready: set[int], late: set[int]) -> tuple[set[int], set[int]]:
-    """The queue positions ready on all TP ranks, and those late on any (SGLang's rule); their
-    queues hold the same requests, in order, so every rank ends a late request alike."""
-    tp_group = get_tp_group()
-    if tp_group is None or tp_group.world_size == 1:
+    """The queue positions ready on all ranks (TP ranks and pipeline stages), and those late on any
+    (SGLang's rule); their queues hold the same requests, in order, so every rank ends a late request alike."""
+    world = get_world_group()
+    if world is None or world.world_size == 1:
         return ready, late
-    gathered: list[Optional[tuple[set[int], set[int]]]] = [None] * tp_group.world_size
-    dist.all_gather_object(gathered, (ready, late), group=tp_group.cpu_group)
+    gathered: list[Optional[tuple[set[int], set[int]]]] = [None] * world.world_size
+    dist.all_gather_object(gathered, (ready, late), group=world.cpu_group)
     late = set.union(*(g[1] for g in gathered))
     return set.intersection(*(g[0] for g in gathered)) - late, late

@@ -1,4 +1,4 @@
-"""Small collectives over Python objects.
+"""Small collectives over Python objects, and how layers split into pipeline stages.
 
 Mirrors broadcast_pyobj in python/sglang/srt/utils/common.py: the source rank
 pickles a list into a byte tensor and broadcasts its size, then its bytes; an
@@ -34,3 +34,17 @@ def broadcast_pyobj(
     buf = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.broadcast(buf, src=src, group=dist_group)
     return pickle.loads(buf.numpy().tobytes())
+
+
+def get_pp_indices(num_hidden_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """The layers [start, end) of pipeline stage ``pp_rank``: an even split, the last
+    ``num_hidden_layers % pp_size`` stages one layer more (SGLang's distributed/utils.py:63,
+    without its SGLANG_PP_LAYER_PARTITION override)."""
+    if num_hidden_layers < pp_size:
+        raise ValueError(f"pp_size {pp_size} is more than the model's {num_hidden_layers} layers")
+    base, remainder = divmod(num_hidden_layers, pp_size)
+    # Stages before the first one with an extra layer hold `base` each; the rest `base + 1`.
+    first_long = pp_size - remainder
+    start = pp_rank * base + max(0, pp_rank - first_long)
+    end = start + base + (1 if pp_rank >= first_long else 0)
+    return start, end

@@ -85,7 +85,9 @@ class LogitsProcessor(nn.Module):
             # Prompt position p is predicted by the state at p - 1. Rows p-1 outside this
             # chunk (p = prefix_len) come from the previous chunk, which predicted p there.
             first = max(logprob_start, prefix_len + 1)
-            rows = torch.arange(first - 1, prefix_len + extend_len - 1) - prefix_len + start
+            # A chunk that ends before logprob_start has no row to score (an empty range, not a reversed one).
+            last = max(first - 1, prefix_len + extend_len - 1)
+            rows = torch.arange(first - 1, last) - prefix_len + start
             targets = input_ids[rows + 1]
             logprobs = torch.log_softmax(self._get_logits(hidden_states[rows], lm_head).float(), dim=-1)
             lead = [None] * (first - logprob_start)  # position 0 of the prompt has no logprob

@@ -11,7 +11,8 @@ later re-prefilled from prompt + output so far. The scheduler talks only to the 
 never to a ModelRunner or a model (claim C1). With one rank the Engine runs the Scheduler
 in-process; with tensor parallelism each rank runs one in its own process (scheduler_process.py),
 rank 0 receiving the requests and broadcasting them, as SGLang does. step() runs one iteration of
-either loop: event_loop_normal's here, event_loop_overlap's in scheduler_overlap_mixin.py.
+either loop: event_loop_normal's here, event_loop_overlap's in scheduler_overlap_mixin.py. With
+pipeline parallelism every stage runs event_loop_pp (scheduler_pp_mixin.py) instead.
 SGLang's scheduler is also an IPC hub (ZMQ) and runs disaggregation; omitted.
 """
 
@@ -45,6 +46,7 @@ from minisgl.managers.schedule_policy import (
 from minisgl.managers.scheduler_control_mixin import SchedulerControlMixin
 from minisgl.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 from minisgl.managers.scheduler_overlap_mixin import SchedulerOverlapMixin
+from minisgl.managers.scheduler_pp_mixin import SchedulerPPMixin
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.mem_cache.radix_cache import RadixCache
 from minisgl.server_args import ServerArgs
@@ -56,15 +58,16 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_INTERVAL_S = 1.0
 
 
-class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerControlMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerControlMixin, SchedulerPPMixin):
     """Mirrors Scheduler in scheduler.py; see the module docstring for what it omits."""
 
-    def __init__(self, server_args: ServerArgs, tp_rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, tp_rank: int = 0, pp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
+        self.pp_rank = pp_rank
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         with tracing.span("Scheduler.__init__"):
-            self.tp_worker = TpModelWorker(server_args, tp_rank=tp_rank)
+            self.tp_worker = TpModelWorker(server_args, tp_rank=tp_rank, pp_rank=pp_rank)
             self.worker_info = self.tp_worker.get_worker_info()
             self.model_config = self.tp_worker.model_config
             self.req_to_token_pool, self.token_to_kv_pool_allocator = self.tp_worker.get_memory_pool()
@@ -88,6 +91,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
             self.tokenizer, self.worker_info.vocab_size, self.eos_token_ids, server_args.grammar_compile_timeout
         )
         self.running_batch = self._new_batch([])
+        self.running_mbs = [self.running_batch]  # the pipeline loop keeps one per micro-batch
         self.last_batch: Optional[ScheduleBatch] = None
         self.cur_batch: Optional[ScheduleBatch] = None  # the batch this step prepares, runs and accounts for
         self.outputs: list[ReqOutput] = []
@@ -141,7 +145,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         if req in self.waiting_queue:
             self.waiting_queue.remove(req)  # a chunked request waits here holding KV
         else:
-            self.running_batch.filter_batch()
+            for batch in self.running_mbs:
+                batch.filter_batch()
         self._finish(req)
         self.drain_finished_in_flight()
 
@@ -290,8 +295,12 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
     # ---- tensor parallelism: one scheduler process per rank ------------------------------
 
     def event_loop(self, recv_from_engine: Optional[Connection]) -> None:
-        """One TP rank's loop: event_loop_overlap or event_loop_normal, as server_args chose."""
-        (self.event_loop_overlap if self.enable_overlap else self.event_loop_normal)(recv_from_engine)
+        """One rank's loop: event_loop_pp for a pipeline stage, else event_loop_overlap or
+        event_loop_normal, as server_args chose."""
+        if self.server_args.pp_size > 1:
+            self.event_loop_pp(recv_from_engine)
+        else:
+            (self.event_loop_overlap if self.enable_overlap else self.event_loop_normal)(recv_from_engine)
 
     def event_loop_normal(self, recv_from_engine: Optional[Connection]) -> None:
         """SGLang's event_loop_normal for one TP rank."""

@@ -1,10 +1,11 @@
-"""SchedulerClient: the Engine's handle on a tensor-parallel group of scheduler processes.
+"""SchedulerClient: the Engine's handle on a tensor- and pipeline-parallel group of scheduler processes.
 
 Mirrors the launch half of python/sglang/srt/entrypoints/engine.py
 (_launch_scheduler_processes, _wait_for_scheduler_ready, the node_rank >= 1
 branch of _launch_subprocesses) and the send/receive half of TokenizerManager.
-With tp_size > 1 every rank runs its own Scheduler in its own process
-(scheduler_process.run_scheduler_process). This client starts the ranks of this node,
+With tp_size or pp_size > 1 every rank runs its own Scheduler in its own process
+(scheduler_process.run_scheduler_process): pp_size x tp_size of them, global rank
+pp_rank * tp_size + tp_rank. This client starts the ranks of this node,
 talks to rank 0 over a pipe, and offers the in-process Scheduler's methods
 (process_input_requests, step, is_idle: scheduler_driver.SchedulerHandle), so a
 driver runs either the same way. SGLang connects
@@ -43,22 +44,30 @@ def _mp_context() -> mp.context.BaseContext:
 
 
 def launch_scheduler_processes(server_args: ServerArgs) -> tuple[list[mp.Process], Optional[Connection]]:
-    """Start this node's ranks, tp_size // nnodes of them from node_rank * that; return them and,
-    on node 0, the pipe to rank 0."""
+    """Start this node's ranks, pp_size * tp_size // nnodes of them from node_rank * that; return
+    them and, on node 0, the pipe to rank 0."""
     ctx = _mp_context()
     # Read here: a forked rank sees the fork server's environment, not this process's.
     trace_dir = os.environ.get(TRACE_DIR_ENV)
-    ranks_per_node = server_args.tp_size // server_args.nnodes
+    tp_size = server_args.tp_size
+    ranks_per_node = server_args.pp_size * tp_size // server_args.nnodes
     first = server_args.node_rank * ranks_per_node
     procs, engine_end = [], None
-    for tp_rank in range(first, first + ranks_per_node):
+    for rank in range(first, first + ranks_per_node):
+        pp_rank, tp_rank = divmod(rank, tp_size)
         rank_end = None
-        if tp_rank == 0:
+        if rank == 0:
             engine_end, rank_end = ctx.Pipe()
+        # SGLang's process names: the stage appears only under pipeline parallelism.
+        name = (
+            f"minisgl-scheduler-PP{pp_rank}-TP{tp_rank}"
+            if server_args.pp_size > 1
+            else f"minisgl-scheduler-TP{tp_rank}"
+        )
         proc = ctx.Process(
             target=run_scheduler_process,
-            args=(server_args, tp_rank, rank_end, trace_dir),
-            name=f"minisgl-scheduler-TP{tp_rank}",
+            args=(server_args, tp_rank, rank_end, trace_dir, pp_rank),
+            name=name,
             daemon=True,
         )
         proc.start()

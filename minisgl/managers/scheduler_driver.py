@@ -66,7 +66,7 @@ def make_scheduler(server_args: ServerArgs) -> SchedulerHandle:
     from minisgl.managers.scheduler import Scheduler
     from minisgl.managers.scheduler_client import SchedulerClient
 
-    return SchedulerClient(server_args) if server_args.tp_size > 1 else Scheduler(server_args)
+    return SchedulerClient(server_args) if server_args.tp_size * server_args.pp_size > 1 else Scheduler(server_args)
 
 
 class ReqState:

@@ -58,6 +58,7 @@ class MHATokenToKVPool:
         head_dim: int,
         layer_num: int,
         device: str,
+        start_layer: int = 0,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -65,6 +66,8 @@ class MHATokenToKVPool:
         self.head_num = head_num
         self.head_dim = head_dim
         self.layer_num = layer_num
+        # A pipeline stage holds only layers [start_layer, start_layer + layer_num); layer ids stay global.
+        self.start_layer = start_layer
         self.device = device
         shape = (size + page_size, head_num, head_dim)
         self.k_buffer = [self._alloc(shape) for _ in range(layer_num)]
@@ -74,12 +77,12 @@ class MHATokenToKVPool:
         return _alloc_pool_buffer(shape, self.page_size, self.dtype, self.device)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+        return self.k_buffer[layer_id - self.start_layer], self.v_buffer[layer_id - self.start_layer]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
         # cache_k/v: [num_tokens, head_num, head_dim]; loc: [num_tokens]
-        self.k_buffer[layer_id][loc] = cache_k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = cache_v.to(self.dtype)
+        self.k_buffer[layer_id - self.start_layer][loc] = cache_k.to(self.dtype)
+        self.v_buffer[layer_id - self.start_layer][loc] = cache_v.to(self.dtype)
 
     def get_kv_size_bytes(self) -> int:
         per_layer = self.k_buffer[0].numel() * self.k_buffer[0].element_size()
@@ -105,6 +108,7 @@ class MLATokenToKVPool:
         qk_rope_head_dim: int,
         layer_num: int,
         device: str,
+        start_layer: int = 0,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -113,22 +117,23 @@ class MLATokenToKVPool:
         self.qk_rope_head_dim = qk_rope_head_dim
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         self.layer_num = layer_num
+        self.start_layer = start_layer  # as MHATokenToKVPool's
         self.device = device
         shape = (size + page_size, 1, self.kv_cache_dim)
         tracing.point("MLATokenToKVPool.__init__", values_per_token_per_layer=self.kv_cache_dim, layer_num=layer_num)
         self.kv_buffer = [_alloc_pool_buffer(shape, page_size, dtype, device) for _ in range(layer_num)]
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        buf = self.kv_buffer[layer_id]
+        buf = self.kv_buffer[layer_id - self.start_layer]
         return buf, buf[..., : self.kv_lora_rank]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v=None) -> None:
         """Store [num_tokens, 1, kv_lora_rank + rope] rows; the value is the key's prefix, so cache_v is unused."""
-        self.kv_buffer[layer_id][loc] = cache_k.to(self.dtype)
+        self.kv_buffer[layer_id - self.start_layer][loc] = cache_k.to(self.dtype)
 
     def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
         # latent: [num_tokens, kv_lora_rank], k_pe: [num_tokens, qk_rope_head_dim]; written in place, no concat.
-        buf = self.kv_buffer[layer_id]
+        buf = self.kv_buffer[layer_id - self.start_layer]
         buf[loc, 0, : self.kv_lora_rank] = latent.to(self.dtype)
         buf[loc, 0, self.kv_lora_rank :] = k_pe.to(self.dtype)
 

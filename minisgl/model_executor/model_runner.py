@@ -4,7 +4,9 @@ Mirrors python/sglang/srt/model_executor/model_runner.py (and the
 init_memory_pool of model_runner_kv_cache_mixin.py). Read it in the book's order:
 ``__init__`` fixes the runner's personality; ``initialize()`` assembles the
 execution shell in a fixed order (claim C5); ``forward()`` dispatches on the
-batch's ForwardMode (C6); ``sample()`` turns logits into tokens (C7).
+batch's ForwardMode (C6); ``sample()`` turns logits into tokens (C7). A pipeline stage
+(pp_rank of pp_size) builds, loads and caches only its layers [start_layer, end_layer), and
+its forward returns PPProxyTensors instead of logits on every stage but the last.
 SGLang additionally wires LoRA, quantization, EPLB rebalancing, piecewise
 CUDA graphs, remote weight transfer and many hardware backends; each is a
 branch minisgl leaves out.
@@ -14,14 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Optional, Union
 
 import psutil
 import torch
 
 from minisgl import tracing
 from minisgl.configs.model_config import AttentionArch, ModelConfig
-from minisgl.distributed.parallel_state import get_tp_group, init_distributed_environment, initialize_model_parallel
+from minisgl.distributed.parallel_state import get_world_group, init_distributed_environment, initialize_model_parallel
+from minisgl.distributed.utils import get_pp_indices
 from minisgl.eplb.expert_distribution import (
     ExpertDistributionRecorder,
     get_global_expert_distribution_recorder,
@@ -37,6 +40,7 @@ from minisgl.layers.moe.routed_experts_capturer import (
     set_global_experts_capturer,
 )
 from minisgl.layers.sampler import Sampler
+from minisgl.layers.utils import PPProxyTensors
 from minisgl.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -48,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class ModelRunnerOutput:
-    logits_output: LogitsProcessorOutput
+    logits_output: Union[LogitsProcessorOutput, PPProxyTensors]  # PPProxyTensors on a stage before the last
     can_run_graph: bool
 
 
@@ -67,6 +71,8 @@ class ModelRunner:
         is_draft_worker: bool = False,
         req_to_token_pool: Optional[ReqToTokenPool] = None,
         token_to_kv_pool_allocator: Optional[TokenToKVPoolAllocator] = None,
+        pp_rank: int = 0,
+        pp_size: int = 1,
     ) -> None:
         # The personality (claim C4): fixed here, read by every later branch, never re-decided.
         self.model_config = model_config
@@ -74,6 +80,11 @@ class ModelRunner:
         self.device = server_args.device
         self.tp_rank = tp_rank
         self.tp_size = tp_size
+        self.pp_rank = pp_rank
+        self.pp_size = pp_size
+        # This stage's layers (the model builds the same slice: layers/utils.make_layers).
+        self.start_layer, self.end_layer = get_pp_indices(model_config.num_hidden_layers, pp_rank, pp_size)
+        self.num_effective_layers = self.end_layer - self.start_layer
         self.spec_algorithm = None  # minisgl's speculative worker wraps this runner from outside
         self.is_draft_worker = is_draft_worker
         # A draft runner is handed the target's pools; a target runner creates its own.
@@ -94,6 +105,8 @@ class ModelRunner:
             is_multimodal=self.is_multimodal,
             page_size=self.page_size,
             attention_backend=server_args.attention_backend,
+            pp_rank=pp_rank,
+            layers=[self.start_layer, self.end_layer],
         )
         if not self.is_generation:
             raise ValueError(f"{model_config.architectures} is not a generation model")
@@ -101,25 +114,26 @@ class ModelRunner:
             raise ValueError("minisgl serves text-only models")
         model_config.verify_tp_size(tp_size)
         self.forward_pass_id = 0
-        if tp_size > 1 and not is_draft_worker:
+        if tp_size * pp_size > 1 and not is_draft_worker:
             # Before initialize(): every layer reads its rank from parallel_state when it is built.
             # A draft runner lives in a process whose target already joined the group.
             self.init_torch_distributed()
         self.initialize()
 
     def init_torch_distributed(self) -> None:
-        """Join the TP group: gloo on CPU, nccl on CUDA, rendezvous at server_args.dist_init_addr."""
+        """Join the TP and PP groups: gloo on CPU, nccl on CUDA, rendezvous at server_args.dist_init_addr.
+        The world is pp_size x tp_size processes; this one is rank pp_rank * tp_size + tp_rank (SGLang's order)."""
         if self.server_args.dist_init_addr is None:
-            raise ValueError("tp_size > 1 runs one process per rank; start them with Engine(tp_size=...)")
+            raise ValueError("tp_size or pp_size > 1 runs one process per rank; start them with Engine(tp_size=...)")
         backend = "gloo" if self.device == "cpu" else "nccl"
+        world_size, rank = self.tp_size * self.pp_size, self.pp_rank * self.tp_size + self.tp_rank
         with tracing.span(
             "ModelRunner.init_torch_distributed", backend=backend, tp_rank=self.tp_rank, tp_size=self.tp_size
         ):
             if self.device.startswith("cuda"):
-                ranks_per_node = self.tp_size // self.server_args.nnodes
-                torch.cuda.set_device(self.tp_rank % ranks_per_node)
-            init_distributed_environment(backend, self.tp_size, self.tp_rank, self.server_args.dist_init_addr)
-            initialize_model_parallel(self.tp_size)
+                torch.cuda.set_device(rank % (world_size // self.server_args.nnodes))
+            init_distributed_environment(backend, world_size, rank, self.server_args.dist_init_addr)
+            initialize_model_parallel(self.tp_size, self.pp_size)
 
     @tracing.traced
     def initialize(self) -> None:
@@ -151,17 +165,20 @@ class ModelRunner:
         mc = self.model_config
         if self.use_mla_backend:
             # One latent + one rope key per token and layer, whole on every rank (heads are expanded from it).
-            cell_size = (mc.kv_lora_rank + mc.qk_rope_head_dim) * mc.num_hidden_layers * self.dtype.itemsize
+            cell_size = (mc.kv_lora_rank + mc.qk_rope_head_dim) * self.num_effective_layers * self.dtype.itemsize
         else:
-            cell_size = mc.get_num_kv_heads(self.tp_size) * mc.head_dim * mc.num_hidden_layers * 2 * self.dtype.itemsize
+            kv_heads = mc.get_num_kv_heads(self.tp_size)
+            cell_size = kv_heads * mc.head_dim * self.num_effective_layers * 2 * self.dtype.itemsize
         if self.device.startswith("cuda"):
             available, _ = torch.cuda.mem_get_info()
         else:
             available = psutil.virtual_memory().available
-        if self.tp_size > 1:
-            # Every rank must size the same pool, or their schedulers would decide differently.
-            available = get_tp_group().all_reduce_min(available)
-        return int(available * self.server_args.mem_fraction_static) // cell_size
+        max_tokens = int(available * self.server_args.mem_fraction_static) // cell_size
+        if self.tp_size * self.pp_size > 1:
+            # Every rank must hold the same number of tokens, or their schedulers would decide differently
+            # (a stage with fewer layers could hold more; the smallest wins).
+            max_tokens = get_world_group().all_reduce_min(max_tokens)
+        return max_tokens
 
     @tracing.traced
     def init_memory_pool(self) -> None:
@@ -187,8 +204,9 @@ class ModelRunner:
                 dtype=self.dtype,
                 kv_lora_rank=self.model_config.kv_lora_rank,
                 qk_rope_head_dim=self.model_config.qk_rope_head_dim,
-                layer_num=self.model_config.num_hidden_layers,
+                layer_num=self.num_effective_layers,
                 device=self.device,
+                start_layer=self.start_layer,
             )
         else:
             self.token_to_kv_pool = MHATokenToKVPool(
@@ -197,8 +215,9 @@ class ModelRunner:
                 dtype=self.dtype,
                 head_num=self.model_config.get_num_kv_heads(self.tp_size),
                 head_dim=self.model_config.head_dim,
-                layer_num=self.model_config.num_hidden_layers,
+                layer_num=self.num_effective_layers,
                 device=self.device,
+                start_layer=self.start_layer,
             )
         if self.token_to_kv_pool_allocator is None:
             if self.page_size == 1:
@@ -212,6 +231,20 @@ class ModelRunner:
             page_size=self.page_size,
             allocator=type(self.token_to_kv_pool_allocator).__name__,
         )
+        logger.info(
+            "pp rank %d, tp rank %d: layers [%d, %d), KV pool %d tokens, %.2f MB; weights %.2f MB",
+            self.pp_rank,
+            self.tp_rank,
+            self.start_layer,
+            self.end_layer,
+            self.max_total_num_tokens,
+            self.token_to_kv_pool.get_kv_size_bytes() / 2**20,
+            self.weight_size_bytes() / 2**20,
+        )
+
+    def weight_size_bytes(self) -> int:
+        """What this rank's weights take (a stage holds only its layers' weights)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @tracing.traced
     def init_routed_experts_capturer(self) -> None:
@@ -240,7 +273,10 @@ class ModelRunner:
     def init_device_graphs(self) -> None:
         """A graph runner for decode (graph_runner.GraphRunner): CUDA graphs, or torch.compile on a CPU."""
         self.graph_runner = None
-        if not self.device.startswith("cuda"):
+        if self.pp_size > 1:
+            # A replayed graph returns logits; a stage before the last returns PPProxyTensors.
+            tracing.point("ModelRunner.init_device_graphs.skipped", reason="pipeline parallelism")
+        elif not self.device.startswith("cuda"):
             self.init_cpu_graph()
         elif self.server_args.disable_cuda_graph:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="disable_cuda_graph")
@@ -268,36 +304,46 @@ class ModelRunner:
 
     # ---- forward -------------------------------------------------------------------------
 
-    @tracing.traced(attrs=lambda self, forward_batch: {"forward_mode": forward_batch.forward_mode.name})
-    def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
-        """One forward pass (claim C6)."""
+    @tracing.traced(
+        attrs=lambda self, forward_batch, pp_proxy_tensors=None: {"forward_mode": forward_batch.forward_mode.name}
+    )
+    def forward(
+        self, forward_batch: ForwardBatch, pp_proxy_tensors: Optional[PPProxyTensors] = None
+    ) -> ModelRunnerOutput:
+        """One forward pass (claim C6); a stage after the first starts from the previous stage's tensors."""
         self.forward_pass_id += 1
         with get_global_expert_distribution_recorder().with_forward_pass(self.forward_pass_id, forward_batch):
-            output = self._forward_raw(forward_batch)
+            output = self._forward_raw(forward_batch, pp_proxy_tensors)
         get_global_experts_capturer().on_forward_end(forward_batch.out_cache_loc)
         return output
 
-    def _forward_raw(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
+    def _forward_raw(
+        self, forward_batch: ForwardBatch, pp_proxy_tensors: Optional[PPProxyTensors]
+    ) -> ModelRunnerOutput:
         mode = forward_batch.forward_mode
         if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
             tracing.point("ModelRunner.forward.dispatch", branch="graph_replay")
             return ModelRunnerOutput(self.graph_runner.replay(forward_batch), can_run_graph=True)
         if mode.is_decode():
             tracing.point("ModelRunner.forward.dispatch", branch="decode")
-            return ModelRunnerOutput(self.forward_decode(forward_batch), can_run_graph=False)
+            return ModelRunnerOutput(self.forward_decode(forward_batch, pp_proxy_tensors), can_run_graph=False)
         if mode.is_extend():
             tracing.point("ModelRunner.forward.dispatch", branch="extend")
-            return ModelRunnerOutput(self.forward_extend(forward_batch), can_run_graph=False)
+            return ModelRunnerOutput(self.forward_extend(forward_batch, pp_proxy_tensors), can_run_graph=False)
         if mode.is_idle():
             raise NotImplementedError("IDLE batches only occur with data-parallel attention, which minisgl omits")
         raise ValueError(f"invalid forward mode {mode}")
 
-    def forward_extend(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+    def forward_extend(
+        self, forward_batch: ForwardBatch, pp_proxy_tensors: Optional[PPProxyTensors] = None
+    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
         """SGLang's forward_extend and forward_decode differ in graph and metadata paths minisgl omits;
         here they are one body: the backend's metadata for this batch, then the model."""
         self.attn_backend.init_forward_metadata_step(forward_batch)
+        # Only a later pipeline stage passes the tensors, so a model without stages is called as before.
+        kwargs = {} if pp_proxy_tensors is None else {"pp_proxy_tensors": pp_proxy_tensors}
         with tracing.span("model.forward"):
-            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+            return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch, **kwargs)
 
     forward_decode = forward_extend
 

@@ -196,11 +196,11 @@ class DeepseekV2ForCausalLM(Qwen3MoeForCausalLM):
 
         An int8 checkpoint's weight is dequantized first (weight * weight_scale), as SGLang's
         post_load_weights does for w8a8_int8 (models/deepseek_v2.py at 64bca53)."""
-        for layer in self.model.layers:
+        for layer in self.model.layers[self.model.start_layer : self.model.end_layer]:
             kv_b_proj = layer.self_attn.kv_b_proj
             weight = kv_b_proj.weight
             if weight.dtype == torch.int8:
-                weight = (weight.float() * kv_b_proj.weight_scale).to(self.model.embed_tokens.weight.dtype)
+                weight = (weight.float() * kv_b_proj.weight_scale).to(layer.self_attn.kv_a_layernorm.weight.dtype)
             layer.self_attn.attn.absorb_kv_b_proj(weight)
 
 

@@ -9,18 +9,23 @@ parallelism, quantization and EAGLE-3 layer capture here; omitted.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 import torch
 from torch import nn
 
-from minisgl.distributed.parallel_state import get_tensor_model_parallel_world_size
+from minisgl.distributed.parallel_state import (
+    get_pipeline_model_parallel_rank,
+    get_pipeline_model_parallel_world_size,
+    get_tensor_model_parallel_world_size,
+)
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.layers.rotary_embedding import get_rope
+from minisgl.layers.utils import PPMissingLayer, PPProxyTensors, get_layer_id, make_layers
 from minisgl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.model_loader.weight_utils import default_weight_loader
 
@@ -99,15 +104,27 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, decoder_layer_type: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([decoder_layer_type(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        pp_rank, pp_size = get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_world_size()
+        self.is_first_rank, self.is_last_rank = pp_rank == 0, pp_rank == pp_size - 1
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size) if self.is_first_rank else PPMissingLayer()
+        )
+        self.layers, self.start_layer, self.end_layer = make_layers(
+            config.num_hidden_layers, lambda i: decoder_layer_type(config, i)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_rank else PPMissingLayer()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        residual = None
-        for layer in self.layers:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, pp_proxy_tensors=None
+    ) -> Union[torch.Tensor, PPProxyTensors]:
+        if self.is_first_rank:
+            hidden_states, residual = self.embed_tokens(input_ids), None  # [num_tokens, hidden]
+        else:
+            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+        if not self.is_last_rank:
+            return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -127,14 +144,23 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, self.decoder_layer_type)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        tie = getattr(config, "tie_word_embeddings", False)
+        self.lm_head = PPMissingLayer()
+        if self.model.is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            if tie and self.model.is_first_rank:
+                self.lm_head.tie_weights(self.model.embed_tokens)
+        # Tied, but the embedding is on the first stage: the last loads its tensor into its own head.
+        self.tied_across_stages = tie and self.model.is_last_rank and not self.model.is_first_rank
         self.logits_processor = LogitsProcessor(config.vocab_size)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
-        hidden_states = self.model(input_ids, positions, forward_batch)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, pp_proxy_tensors=None
+    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
+        hidden_states = self.model(input_ids, positions, forward_batch, pp_proxy_tensors)
+        if not self.model.is_last_rank:
+            return hidden_states  # PPProxyTensors, for the next stage
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -142,10 +168,12 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
+            if "rotary_emb.inv_freq" in name or not self._on_this_stage(name):
                 continue
             if name == "lm_head.weight" and getattr(self.config, "tie_word_embeddings", False):
                 continue
+            if name == "model.embed_tokens.weight" and self.tied_across_stages:
+                name = "lm_head.weight"
             target = self._load_one(params, name, tensor)
             if target is not None:
                 loaded.add(target)
@@ -153,6 +181,18 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing weights for: {sorted(missing)[:8]}")
         return loaded
+
+    def _on_this_stage(self, name: str) -> bool:
+        """Whether this pipeline stage holds the weight: its own layers, the embedding on the first,
+        the norm and head on the last (a tied head also takes the embedding's tensor)."""
+        layer_id = get_layer_id(name)
+        if layer_id is not None:
+            return self.model.start_layer <= layer_id < self.model.end_layer
+        if name == "model.embed_tokens.weight":
+            return self.model.is_first_rank or self.tied_across_stages
+        if name in ("model.norm.weight", "lm_head.weight"):
+            return self.model.is_last_rank
+        return True
 
     def _load_one(self, params: dict, name: str, tensor: torch.Tensor) -> Optional[str]:
         for param_name, ckpt_name, shard_id in self.stacked_params_mapping:

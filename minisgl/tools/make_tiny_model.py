@@ -137,11 +137,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _config(arch: str, vocab_size: int, eos_token_id: int) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
+def _config(
+    arch: str, vocab_size: int, eos_token_id: int, num_hidden_layers: int | None = None
+) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers or 2,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
@@ -184,11 +186,13 @@ def _config(arch: str, vocab_size: int, eos_token_id: int) -> tuple[type[PreTrai
         moe = dict(num_local_experts=4, num_experts_per_tok=2)
         return MixtralForCausalLM, MixtralConfig(**common, **moe, tie_word_embeddings=False)
     if arch in ("deepseek_v2", "deepseek_v3"):
-        return _deepseek_config(arch, common)
+        return _deepseek_config(arch, common, num_hidden_layers)
     raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
 
 
-def _deepseek_config(arch: str, common: dict) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
+def _deepseek_config(
+    arch: str, common: dict, num_hidden_layers: int | None
+) -> tuple[type[PreTrainedModel], PreTrainedConfig]:
     """MLA at 1/16 of DeepSeek's widths (kv_lora_rank 32, rope 8, nope 16, v 16), 8 routed experts.
 
     Both use YaRN with DeepSeek's keys (mscale, mscale_all_dim), so the cos/sin magnitude and the
@@ -219,9 +223,9 @@ def _deepseek_config(arch: str, common: dict) -> tuple[type[PreTrainedModel], Pr
     rope = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=256,
                 beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.8)  # fmt: skip
     config = DeepseekV3Config(
-        **dict(mla, num_hidden_layers=3), q_lora_rank=24, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-        norm_topk_prob=True, first_k_dense_replace=1, rope_interleave=True, num_nextn_predict_layers=0,
-        rope_parameters=rope,
+        **dict(mla, num_hidden_layers=num_hidden_layers or 3), q_lora_rank=24, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, rope_interleave=True,
+        num_nextn_predict_layers=0, rope_parameters=rope,
     )  # fmt: skip
     return DeepseekV3ForCausalLM, config
 
@@ -250,12 +254,13 @@ def _randomize(model: PreTrainedModel, seed: int) -> None:
             buf.copy_(0.1 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
 
 
-def make_tiny_model(arch: str, out_dir, seed: int = 0) -> pathlib.Path:
-    """Write a tiny random `arch` checkpoint (config, safetensors, tokenizer) to out_dir."""
+def make_tiny_model(arch: str, out_dir, seed: int = 0, num_hidden_layers: int | None = None) -> pathlib.Path:
+    """Write a tiny random `arch` checkpoint (config, safetensors, tokenizer) to out_dir; num_hidden_layers
+    overrides the arch's 2 (3 for deepseek_v3), e.g. for as many pipeline stages."""
     out = pathlib.Path(out_dir)
     tokenizer = build_tokenizer()
     eos_token_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    model_cls, config = _config(arch, len(tokenizer), eos_token_id)
+    model_cls, config = _config(arch, len(tokenizer), eos_token_id, num_hidden_layers)
     model = model_cls(config).to(torch.float32).eval()
     _randomize(model, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_token_id, pad_token_id=eos_token_id)
@@ -269,8 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arch", choices=ARCHS, required=True)
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-hidden-layers", type=int, default=None)
     args = parser.parse_args(argv)
-    print(make_tiny_model(args.arch, args.out, args.seed))
+    print(make_tiny_model(args.arch, args.out, args.seed, args.num_hidden_layers))
 
 
 if __name__ == "__main__":

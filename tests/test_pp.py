@@ -1,0 +1,216 @@
+"""Pipeline parallelism (issue 32): pp_size stages of tp_size processes each, every stage building,
+loading and caching only its layers, PPProxyTensors between stages, the last stage sampling, and
+SGLang's micro-batched event_loop_pp. The reference is the same checkpoint served by one process:
+greedy tokens equal, logprobs, hidden states and routed experts equal to float tolerance, with the
+radix cache, chunked prefill and retraction at work. One small case runs by default; the sweep over
+every architecture, pp 3 and pp 2 x tp 2 is slow-marked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.utils import get_pp_indices
+from minisgl.entrypoints.engine import Engine
+from minisgl.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from minisgl.model_loader.loader import get_model
+from minisgl.sampling.sampling_params import SamplingParams
+from minisgl.server_args import ServerArgs
+from minisgl.tools.make_tiny_model import make_tiny_model
+from tests._models import tiny_model_dir
+from tests.test_server import _free_port
+
+# A small pool (retraction), small chunks (chunked prefill), and few tokens per prefill, so the
+# requests spread over several micro-batches that are in flight together.
+KW = dict(
+    max_total_tokens=48,
+    max_running_requests=8,
+    chunked_prefill_size=8,
+    max_prefill_tokens=8,
+    device="cpu",
+    attention_backend="torch_native",
+)
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23, 24, 25]]
+# Shares the first prompt's prefix: the second call finds it in the radix cache.
+PREFIX_HIT = [[5, 6, 7, 8, 30, 31], [11, 12, 13, 14, 15, 16, 17, 18, 40]]
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+
+
+def _run(path: str, **kwargs) -> tuple[list[dict], dict]:
+    side = dict(return_logprob=True, top_logprobs_num=2)
+    if kwargs.get("enable_return_routed_experts"):
+        side["return_routed_experts"] = True
+    with Engine(model_path=path, enable_return_hidden_states=True, **KW, **kwargs) as engine:
+        # Hidden states are asked of the first call only: a request that asks runs its whole prompt.
+        first = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_hidden_states=True, **side)
+        second = engine.generate(input_ids=PREFIX_HIT, sampling_params=GREEDY, **side)
+        assert engine.flush_cache()  # a control request every stage applies
+        info = engine.get_server_info()
+    return first + second, info
+
+
+def _assert_same(got: list[dict], expected: list[dict]) -> None:
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    for g, e in zip(got, expected):
+        gm, em = g["meta_info"], e["meta_info"]
+        for key in ("output_token_logprobs", "input_token_logprobs"):
+            assert [lp for lp, _, _ in gm[key]] == pytest.approx([lp for lp, _, _ in em[key]], abs=1e-4)
+        assert [[t for _, t, _ in top] for top in gm["output_top_logprobs"]] == [
+            [t for _, t, _ in top] for top in em["output_top_logprobs"]
+        ]
+        if "hidden_states" in em:
+            assert torch.allclose(torch.tensor(gm["hidden_states"]), torch.tensor(em["hidden_states"]), atol=1e-4)
+        if "routed_experts" in em:
+            assert torch.equal(torch.as_tensor(gm["routed_experts"]), torch.as_tensor(em["routed_experts"]))
+    assert all(g["meta_info"]["finish_reason"]["type"] == "length" for g in got)
+    # The second call reused the first's prefix.
+    assert all(g["meta_info"]["cached_tokens"] > 0 for g in got[len(PROMPTS) :])
+
+
+def _assert_layout(info: dict, reference: dict, num_layers: int, pp: int, tp: int) -> None:
+    """Each rank holds its own layers: its KV pool is its share of one process's, and so (about) its weights."""
+    layout = info["rank_layout"]
+    print("\n".join(f"pp {r['pp_rank']} tp {r['tp_rank']}: {r}" for r in layout))  # the printed sizes
+    assert [(r["pp_rank"], r["tp_rank"]) for r in layout] == [(p, t) for p in range(pp) for t in range(tp)]
+    whole = reference["rank_layout"][0]
+    for r in layout:
+        start, end = get_pp_indices(num_layers, r["pp_rank"], pp)
+        assert r["layers"] == [start, end]
+        assert r["kv_pool_bytes"] == whole["kv_pool_bytes"] * (end - start) // num_layers // tp
+        assert r["weight_bytes"] < whole["weight_bytes"]
+    assert (info["pp_size"], info["tp_size"]) == (pp, tp)
+
+
+def test_get_pp_indices_is_sglangs_split():
+    # An even split, the last (num_layers % pp) stages one layer more (SGLang's distributed/utils.py:63).
+    assert [get_pp_indices(5, r, 3) for r in range(3)] == [(0, 1), (1, 3), (3, 5)]
+    assert [get_pp_indices(4, r, 2) for r in range(2)] == [(0, 2), (2, 4)]
+    with pytest.raises(ValueError, match="pp_size 3 is more than the model's 2 layers"):
+        get_pp_indices(2, 0, 3)
+
+
+def test_a_later_stage_builds_and_loads_only_its_layers(monkeypatch, tiny_llama):
+    # Stage 1 of 2 of a tied-embedding model: layer 1, the norm, and an LM head that took the embedding's tensor.
+    monkeypatch.setattr("minisgl.layers.utils.get_pipeline_model_parallel_rank", lambda: 1)
+    monkeypatch.setattr("minisgl.layers.utils.get_pipeline_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr("minisgl.models.llama.get_pipeline_model_parallel_rank", lambda: 1)
+    monkeypatch.setattr("minisgl.models.llama.get_pipeline_model_parallel_world_size", lambda: 2)
+    config = ModelConfig.from_server_args(ServerArgs(model_path=tiny_llama, device="cpu"))
+    model = get_model(config, "cpu")
+    names = {n for n, _ in model.named_parameters()}
+    assert not any(n.startswith(("model.layers.0.", "model.embed_tokens")) for n in names)
+    assert {"model.norm.weight", "lm_head.weight"} <= names and any(n.startswith("model.layers.1.") for n in names)
+    from safetensors.torch import load_file
+
+    embed = load_file(os.path.join(tiny_llama, "model.safetensors"))["model.embed_tokens.weight"]
+    assert torch.equal(model.lm_head.weight, embed)
+
+
+def test_pp2_gives_one_process_tokens_logprobs_and_hidden_states(tiny_llama):
+    """The default case: a tied-embedding Llama in two stages, with retraction, chunks and the radix cache."""
+    expected, reference = _run(tiny_llama)
+    got, info = _run(tiny_llama, pp_size=2)
+    _assert_same(got, expected)
+    assert any(g["meta_info"]["total_retractions"] for g in got)  # the small pool forced some
+    _assert_layout(info, reference, 2, pp=2, tp=1)
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"]  # nothing leaked
+
+
+def _deep(arch: str, tmp_path_factory, layers: int) -> str:
+    return str(make_tiny_model(arch, tmp_path_factory.mktemp(f"{arch}{layers}"), num_hidden_layers=layers))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch, layers, pp, tp",
+    [
+        ("qwen2", 2, 2, 1),
+        ("qwen3", 2, 2, 1),
+        ("mixtral", 2, 2, 1),
+        ("qwen3_moe", 2, 2, 1),
+        ("deepseek_v2", 2, 2, 1),
+        ("deepseek_v3", 3, 3, 1),
+        ("llama", 4, 3, 1),
+        ("qwen3_moe", 4, 3, 1),
+        ("llama", 2, 2, 2),
+        ("qwen3_moe", 2, 2, 2),
+        ("deepseek_v3", 3, 2, 2),
+    ],
+)
+def test_every_architecture_in_stages_gives_one_process_outputs(arch, layers, pp, tp, tmp_path_factory):
+    path = (
+        tiny_model_dir(arch) if layers == (3 if arch == "deepseek_v3" else 2) else _deep(arch, tmp_path_factory, layers)
+    )
+    moe = (
+        {"enable_return_routed_experts": True} if arch in ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3") else {}
+    )
+    expected, reference = _run(path, **moe)
+    got, info = _run(path, pp_size=pp, tp_size=tp, **moe)
+    _assert_same(got, expected)
+    _assert_layout(info, reference, layers, pp=pp, tp=tp)
+
+
+@pytest.mark.slow
+def test_grammars_and_aborts_in_stages(tiny_llama):
+    regex = {"temperature": 0, "max_new_tokens": 12, "regex": "(ab|cd)+ [0-9]{2}"}
+    expected = Engine(model_path=tiny_llama, **KW).generate("the river", regex)
+    with Engine(model_path=tiny_llama, pp_size=2, **KW) as engine:
+        assert engine.generate("the river", regex)["text"] == expected["text"]
+        # Aborts while the requests' micro-batches are in flight: each ends with an abort, the KV whole.
+        sched = engine.scheduler
+        params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+        sched.process_input_requests(
+            [TokenizedGenerateReqInput(f"r{i}", None, p, params) for i, p in enumerate(PROMPTS)]
+        )
+        finished = {}
+        for step in range(400):
+            if step == 3:
+                sched.process_input_requests([AbortReq("r0")])
+            if step == 6:
+                sched.process_input_requests([AbortReq(f"r{i}") for i in range(1, len(PROMPTS))])
+            finished.update({o.rid: o.meta_info["finish_reason"]["type"] for o in sched.step() if o.finished})
+            if sched.is_idle():
+                break
+        assert finished == {f"r{i}": "abort" for i in range(len(PROMPTS))}
+        info = engine.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+
+
+@pytest.mark.slow
+def test_a_killed_stage_ends_the_server_with_an_error(tiny_llama):
+    free_port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "minisgl.launch_server", "--model-path", tiny_llama, "--pp-size", "2",
+         "--port", str(free_port), "--device", "cpu", "--max-total-tokens", "256"],
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{free_port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        layout = httpx.get(f"{url}/get_server_info").json()["rank_layout"]
+        os.kill(next(r["pid"] for r in layout if r["pp_rank"] == 1), signal.SIGKILL)
+        killed_at = time.monotonic()
+        try:
+            out = httpx.post(
+                f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}, timeout=30
+            )
+            assert out.status_code >= 500
+        except httpx.HTTPError:
+            pass  # the server went away mid-request: an error too
+        assert server.wait(timeout=30) != 0
+        assert time.monotonic() - killed_at < 30
+    finally:
+        server.kill()
