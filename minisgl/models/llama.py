@@ -4,7 +4,7 @@ Mirrors python/sglang/srt/models/llama.py (LlamaMLP, LlamaAttention,
 LlamaDecoderLayer, LlamaModel, LlamaForCausalLM, load_weights). The file holds
 model semantics only: no cache, batching or sampling logic. Compare it line by
 line with transformers' modeling_llama.py. SGLang also supports pipeline
-parallelism, quantization and EAGLE-3 layer capture here; omitted.
+parallelism and quantization here; omitted.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 
 from minisgl.distributed.parallel_state import get_tensor_model_parallel_world_size
 from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.aux_hidden_states import AuxHiddenStates, default_eagle3_layers
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -102,14 +103,17 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([decoder_layer_type(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers_to_capture: list[int] = []  # EAGLE3: the layers whose input the draft reads
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
         hidden_states = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         residual = None
-        for layer in self.layers:
+        aux_hidden_states = AuxHiddenStates(self.layers_to_capture)
+        for i, layer in enumerate(self.layers):
+            aux_hidden_states.capture(i, hidden_states, residual)
             hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        return hidden_states, aux_hidden_states.get()
 
 
 class LlamaForCausalLM(nn.Module):
@@ -134,8 +138,17 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
-        hidden_states = self.model(input_ids, positions, forward_batch)
-        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+        hidden_states, aux_hidden_states = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
+
+    def get_embed_and_head(self) -> tuple[nn.Module, nn.Module]:
+        """What an EAGLE draft shares with its target (speculative/eagle_worker.py)."""
+        return self.model.embed_tokens, self.lm_head
+
+    def set_eagle3_layers_to_capture(self, layer_ids: Optional[list[int]] = None) -> None:
+        """EAGLE3 reads the hidden states entering these layers (SGLang's default when None)."""
+        n = self.config.num_hidden_layers
+        self.model.layers_to_capture = default_eagle3_layers(n) if layer_ids is None else list(layer_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Route each checkpoint tensor to its parameter's weight_loader; return the names loaded."""
