@@ -234,6 +234,8 @@ class ServerArgs:
         steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
         if steps < 1 or topk < 1:
             raise ValueError(f"speculative_num_steps and speculative_eagle_topk must be >= 1, got {steps} and {topk}")
+        if self.enable_multi_layer_eagle and topk != 1:
+            raise ValueError("enable_multi_layer_eagle drafts a chain, one token per runner: speculative_eagle_topk 1")
         if topk == 1:
             self._check_chain("speculative_eagle_topk 1 drafts a chain")
         else:

@@ -67,6 +67,7 @@ class ModelRunner:
         is_draft_worker: bool = False,
         req_to_token_pool: Optional[ReqToTokenPool] = None,
         token_to_kv_pool_allocator: Optional[TokenToKVPoolAllocator] = None,
+        draft_model_idx: Optional[int] = None,
     ) -> None:
         # The personality (claim C4): fixed here, read by every later branch, never re-decided.
         self.model_config = model_config
@@ -76,6 +77,8 @@ class ModelRunner:
         self.tp_size = tp_size
         self.spec_algorithm = None  # minisgl's speculative worker wraps this runner from outside
         self.is_draft_worker = is_draft_worker
+        # Multi-layer EAGLE: which layer of the draft checkpoint this runner's model is (SGLang's name).
+        self.draft_model_idx = draft_model_idx
         # A draft runner is handed the target's pools; a target runner creates its own.
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
@@ -143,7 +146,7 @@ class ModelRunner:
 
     @tracing.traced(attrs=lambda self: {"dtype": str(self.model_config.dtype).removeprefix("torch.")})
     def load_model(self) -> None:
-        self.model = get_model(self.model_config, self.device)
+        self.model = get_model(self.model_config, self.device, self.draft_model_idx)
         self.dtype = self.model_config.dtype
 
     def profile_max_num_token(self) -> int:
