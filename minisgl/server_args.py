@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -87,10 +89,17 @@ class ServerArgs:
     # Speculative decoding (SGLang's flags). STANDALONE: a separate small draft model proposes
     # speculative_num_steps tokens one at a time; the target verifies them together with the
     # last token, speculative_num_draft_tokens (= steps + 1, a chain) positions per request.
+    # EAGLE / EAGLE3: a draft head reading the target's hidden states drafts a tree, each step
+    # keeping speculative_eagle_topk branches, of which the best speculative_num_draft_tokens - 1
+    # are verified (a chain when topk is 1); speculative_token_map cuts an EAGLE head's LM head to
+    # hot tokens; enable_multi_layer_eagle gives each draft step its own runner and KV.
     speculative_algorithm: Optional[str] = None
     speculative_draft_model_path: Optional[str] = None
     speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
+    speculative_token_map: Optional[str] = None
+    enable_multi_layer_eagle: bool = False
 
     # HTTP server (launch_server): against clients that send too much, or too slowly
     max_request_bytes: int = 32 << 20  # a larger body is refused with 413
@@ -192,27 +201,91 @@ class ServerArgs:
             raise ValueError(
                 "speculative_algorithm is not supported with pp_size > 1 (minisgl's pipeline has no draft stage)"
             )
-        if self.speculative_algorithm.upper() != "STANDALONE":
-            raise ValueError(f"speculative_algorithm must be STANDALONE, got {self.speculative_algorithm!r}")
-        self.speculative_algorithm = "STANDALONE"
+        algorithm = self.speculative_algorithm.upper()
+        if algorithm not in ("STANDALONE", "EAGLE", "EAGLE3"):
+            raise ValueError(
+                f"speculative_algorithm must be STANDALONE, EAGLE or EAGLE3, got {self.speculative_algorithm!r}"
+            )
+        self.speculative_algorithm = algorithm
         if self.speculative_draft_model_path is None:
-            raise ValueError("speculative_algorithm STANDALONE needs speculative_draft_model_path")
+            raise ValueError(f"speculative_algorithm {algorithm} needs speculative_draft_model_path")
+        if algorithm == "STANDALONE":
+            self._handle_standalone()
+        else:
+            self._handle_eagle()
+        if self.page_size != 1:
+            raise ValueError("speculative decoding needs page_size 1: rejected drafts free single slots")
+        if self.enable_return_routed_experts or self.expert_distribution_recorder_mode:
+            raise ValueError("speculative decoding does not record experts: the draft would replace the target's hooks")
+
+    def _handle_standalone(self) -> None:
+        if self.speculative_eagle_topk not in (None, 1) or self.speculative_token_map or self.enable_multi_layer_eagle:
+            raise ValueError(
+                "speculative_eagle_topk, speculative_token_map and enable_multi_layer_eagle are EAGLE's; "
+                "STANDALONE drafts a chain with a whole model"
+            )
         if self.speculative_num_steps is None:
             draft_tokens = self.speculative_num_draft_tokens
             self.speculative_num_steps = 3 if draft_tokens is None else draft_tokens - 1
+        self.speculative_eagle_topk = 1
+        self._check_chain("minisgl's STANDALONE drafts a chain, not a tree")
+
+    def _handle_eagle(self) -> None:
+        if self.speculative_num_steps is None and self.speculative_eagle_topk is None:
+            # SGLang's auto_choose_speculative_params: a tree for Llama targets, a chain otherwise.
+            with open(os.path.join(self.model_path, "config.json")) as f:
+                arch = (json.load(f).get("architectures") or [""])[0]
+            steps, topk, draft_tokens = (5, 4, 8) if arch == "LlamaForCausalLM" else (3, 1, 4)
+            self.speculative_num_steps, self.speculative_eagle_topk = steps, topk
+            self.speculative_num_draft_tokens = self.speculative_num_draft_tokens or draft_tokens
+        if self.speculative_num_steps is None:
+            self.speculative_num_steps = 3
+        if self.speculative_eagle_topk is None:
+            self.speculative_eagle_topk = 1
+        steps, topk = self.speculative_num_steps, self.speculative_eagle_topk
+        if steps < 1 or topk < 1:
+            raise ValueError(f"speculative_num_steps and speculative_eagle_topk must be >= 1, got {steps} and {topk}")
+        if self.enable_multi_layer_eagle and topk != 1:
+            raise ValueError("enable_multi_layer_eagle drafts a chain, one token per runner: speculative_eagle_topk 1")
+        if topk == 1:
+            self._check_chain("speculative_eagle_topk 1 drafts a chain")
+        else:
+            # t0, then candidates: topk at the first step, topk * topk at each later one.
+            most = 1 + topk + (steps - 1) * topk * topk
+            self.speculative_num_draft_tokens = self.speculative_num_draft_tokens or min(most, 8)
+            if not 2 <= self.speculative_num_draft_tokens <= most:
+                raise ValueError(
+                    f"speculative_num_draft_tokens must be in [2, {most}] for {steps} steps of top-{topk}, "
+                    f"got {self.speculative_num_draft_tokens}"
+                )
+            if self.attention_backend == "triton":
+                raise ValueError(
+                    "speculative_eagle_topk > 1 verifies a tree with a custom attention mask, which the "
+                    "triton backend lacks; use attention_backend torch_native or intel_amx"
+                )
+        if self.speculative_token_map is not None and self.speculative_algorithm == "EAGLE3":
+            raise ValueError("speculative_token_map is EAGLE's; an EAGLE3 head carries its own map (d2t)")
+        if self.speculative_token_map is not None and self.tp_size > 1:
+            raise ValueError("speculative_token_map needs tp_size 1: the cut LM head is not sharded")
+
+    def _check_chain(self, why: str) -> None:
         if self.speculative_num_steps < 1:
             raise ValueError("speculative_num_steps must be >= 1")
         # SGLang's rule for a chain (topk 1): one draft token per step, plus the last verified token.
         if self.speculative_num_draft_tokens not in (None, self.speculative_num_steps + 1):
             raise ValueError(
                 f"speculative_num_draft_tokens must be speculative_num_steps + 1 = {self.speculative_num_steps + 1} "
-                "(minisgl drafts a chain, not a tree)"
+                f"({why})"
             )
         self.speculative_num_draft_tokens = self.speculative_num_steps + 1
-        if self.page_size != 1:
-            raise ValueError("speculative decoding needs page_size 1: rejected drafts free single slots")
-        if self.enable_return_routed_experts or self.expert_distribution_recorder_mode:
-            raise ValueError("speculative decoding does not record experts: the draft would replace the target's hooks")
+
+    def speculative_num_slots_per_round(self) -> int:
+        """KV slots a decode round takes per request: the verified nodes, or the draft tree's
+        lanes if more (eagle_worker.py); 1 without speculation."""
+        if self.speculative_algorithm is None:
+            return 1
+        lanes = (self.speculative_num_steps - 1) * self.speculative_eagle_topk
+        return max(self.speculative_num_draft_tokens, lanes)
 
     def _check(self) -> None:
         if self.page_size < 1:

@@ -59,7 +59,10 @@ class ModelConfig:
         if not self.architectures:
             raise ValueError(f"{self.model_path}/config.json names no 'architectures'")
 
-        self.is_generation = any(a.endswith("ForCausalLM") for a in self.architectures)
+        # EAGLE draft heads (LlamaForCausalLMEagle, ...Eagle3) generate too.
+        self.is_generation = any(
+            a.endswith(("ForCausalLM", "ForCausalLMEagle", "ForCausalLMEagle3")) for a in self.architectures
+        )
         # minisgl has no vision/audio towers; a multimodal config is recognized only to refuse it.
         self.is_multimodal = hasattr(self.hf_config, "vision_config") or hasattr(self.hf_config, "audio_config")
         self.dtype = _get_and_verify_dtype(self.hf_config, dtype, device)

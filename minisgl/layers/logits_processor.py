@@ -50,12 +50,15 @@ class LogitsProcessor(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
 
-    def forward(self, input_ids, hidden_states, lm_head, forward_batch) -> LogitsProcessorOutput:
+    def forward(
+        self, input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states=None
+    ) -> LogitsProcessorOutput:
         # hidden_states: [num_tokens, hidden], already final-normed (the LM head's input)
         mode = forward_batch.forward_mode
         if mode.is_decode() or mode.is_target_verify():
             # Verification scores every drafted position, not only each request's last.
             pruned = hidden_states
+            last_index = None
         else:
             last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
             pruned = hidden_states[last_index]
@@ -65,6 +68,10 @@ class LogitsProcessor(nn.Module):
         if capture.need_capture():
             tracing.point("LogitsProcessor.capture_hidden_states", mode=capture.name)
             output.hidden_states = hidden_states if capture.is_full() else pruned
+            if aux_hidden_states is not None:
+                # EAGLE3: the draft reads the target's layer inputs instead (aux_hidden_states.py).
+                aux = torch.cat(aux_hidden_states, dim=-1)
+                output.hidden_states = aux if capture.is_full() or last_index is None else aux[last_index]
 
         if forward_batch.return_logprob and mode.is_extend():
             self._process_input_logprobs(output, input_ids, hidden_states, lm_head, forward_batch)

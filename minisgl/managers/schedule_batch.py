@@ -127,6 +127,8 @@ class Req:
         # Speculative decoding: verify rounds run, and draft tokens the target accepted.
         self.spec_verify_ct = 0
         self.spec_accepted_tokens = 0
+        # EAGLE: the draft's state for the next round (speculative/eagle_info.py, EagleDraftInput.for_req)
+        self.eagle_draft_state: Optional[Any] = None
 
     @property
     def seqlen(self) -> int:
@@ -213,6 +215,8 @@ class ModelWorkerBatch:
     extend_seq_lens: Optional[list[int]] = None
     extend_prefix_lens: Optional[list[int]] = None
     extend_logprob_start_lens: Optional[list[int]] = None
+    # Speculative decoding: what the round hands the forward (EAGLE's EagleDraftInput or EagleVerifyInput)
+    spec_info: Optional[Any] = None
 
 
 class ScheduleBatch:

@@ -108,7 +108,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         """With speculative decoding, the draft worker wraps the target's (SGLang's order and name)."""
         self.draft_worker = None
         if not self.spec_algorithm.is_none():
-            worker_cls = self.spec_algorithm.create_worker()
+            worker_cls = self.spec_algorithm.create_worker(self.server_args)
             self.draft_worker = worker_cls(self.server_args, self.tp_rank, target_worker=self.tp_worker)
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
@@ -119,7 +119,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
             self.tree_cache,
             self.worker_info.vocab_size,
             self.worker_info.device,
-            num_decode_tokens=self.server_args.speculative_num_draft_tokens or 1,
+            num_decode_tokens=self.server_args.speculative_num_slots_per_round(),
         )
 
     # ---- requests in ---------------------------------------------------------------------

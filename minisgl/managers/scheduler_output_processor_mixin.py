@@ -17,6 +17,7 @@ from typing import Optional
 from minisgl.managers.io_struct import ReqOutput
 from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
+from minisgl.speculative.spec_utils import release_kv
 
 # Trailing tokens a stop_regex is matched against (SGLang bounds it by the pattern's longest match).
 _STOP_REGEX_WINDOW = 64
@@ -80,7 +81,7 @@ class SchedulerOutputProcessorMixin:
         req.spec_accepted_tokens += num_accepted
         if req.kv_len > req.seqlen - 1:
             # It finished inside the accepted run: tokens it did not keep need no KV.
-            self.draft_worker.release_kv(req, req.seqlen - 1)
+            release_kv(self.req_to_token_pool, self.token_to_kv_pool_allocator, req, req.seqlen - 1)
 
     def _record_extend_side_outputs(
         self, req: Req, out, i: int, row_offset: int, prefix_len: int, seq_len: int

@@ -128,8 +128,8 @@ class TpModelWorker:
 
     def get_worker_info(self) -> WorkerInfo:
         runner = self._model_runner
-        # A speculative round writes up to speculative_num_steps positions past the last token.
-        max_req_len = self.model_config.context_len - (self.server_args.speculative_num_steps or 0)
+        # A speculative round writes its slots' positions past the last token.
+        max_req_len = self.model_config.context_len - (self.server_args.speculative_num_slots_per_round() - 1)
         return WorkerInfo(
             max_total_num_tokens=runner.max_total_num_tokens,
             max_prefill_tokens=self.server_args.max_prefill_tokens,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from enum import IntEnum, auto
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -90,6 +90,8 @@ class ForwardBatch:
     top_logprobs_nums: Optional[list[int]] = None
     token_ids_logprobs: Optional[list[Optional[list[int]]]] = None
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+    # Speculative decoding (EAGLE): the draft's input features, or a verify tree's mask and positions
+    spec_info: Optional[Any] = None
 
     # Attached by init_new from the ModelRunner.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
@@ -118,6 +120,7 @@ class ForwardBatch:
             top_logprobs_nums=batch.top_logprobs_nums,
             token_ids_logprobs=batch.token_ids_logprobs,
             capture_hidden_mode=batch.capture_hidden_mode,
+            spec_info=batch.spec_info,
             req_to_token_pool=model_runner.req_to_token_pool,
             token_to_kv_pool=model_runner.token_to_kv_pool,
             attn_backend=model_runner.attn_backend,
@@ -133,6 +136,8 @@ class ForwardBatch:
             fb.extend_prefix_lens = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64, device=device)
             fb.extend_start_loc = torch.cumsum(fb.extend_seq_lens, dim=0) - fb.extend_seq_lens
             fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
+        if getattr(batch.spec_info, "positions", None) is not None:
+            fb.positions = batch.spec_info.positions.to(device)  # a draft or verify tree: a node's depth
         return fb
 
 

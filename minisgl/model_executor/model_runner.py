@@ -73,6 +73,7 @@ class ModelRunner:
         token_to_kv_pool_allocator: Optional[TokenToKVPoolAllocator] = None,
         pp_rank: int = 0,
         pp_size: int = 1,
+        draft_model_idx: Optional[int] = None,
     ) -> None:
         # The personality (claim C4): fixed here, read by every later branch, never re-decided.
         self.model_config = model_config
@@ -87,6 +88,8 @@ class ModelRunner:
         self.num_effective_layers = self.end_layer - self.start_layer
         self.spec_algorithm = None  # minisgl's speculative worker wraps this runner from outside
         self.is_draft_worker = is_draft_worker
+        # Multi-layer EAGLE: which layer of the draft checkpoint this runner's model is (SGLang's name).
+        self.draft_model_idx = draft_model_idx
         # A draft runner is handed the target's pools; a target runner creates its own.
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
@@ -157,7 +160,7 @@ class ModelRunner:
 
     @tracing.traced(attrs=lambda self: {"dtype": str(self.model_config.dtype).removeprefix("torch.")})
     def load_model(self) -> None:
-        self.model = get_model(self.model_config, self.device)
+        self.model = get_model(self.model_config, self.device, self.draft_model_idx)
         self.dtype = self.model_config.dtype
 
     def profile_max_num_token(self) -> int:

@@ -11,6 +11,8 @@ safetensors once, when ServerArgs resolves the model path: model_loader/gguf.py)
 from __future__ import annotations
 
 import contextlib
+import copy
+import re
 from typing import Optional
 
 import torch
@@ -46,15 +48,35 @@ def get_quant_config(model_config: ModelConfig) -> Optional[QuantizationConfig]:
     return quant_cls.from_config(model_config.quant_hf_config or {})
 
 
-def get_model(model_config: ModelConfig, device: str) -> nn.Module:
+def get_model(model_config: ModelConfig, device: str, draft_model_idx: Optional[int] = None) -> nn.Module:
     model_cls = ModelRegistry.resolve_model_cls(model_config.architectures)
     quant_config = get_quant_config(model_config)
-    with set_default_torch_dtype(model_config.dtype), torch.device(device), set_default_quant_config(quant_config):
-        model = model_cls(model_config.hf_config)
     # Big tensors arrive already in the model's dtype: no float32 copy of one is ever whole in memory.
-    model.load_weights(safetensors_weights_iterator(model_config.model_path, model_config.dtype))
+    hf_config, weights = (
+        model_config.hf_config,
+        safetensors_weights_iterator(model_config.model_path, model_config.dtype),
+    )
+    if draft_model_idx is not None:
+        # One layer of a multi-layer draft, built and loaded as layer 0 (SGLang's _filter_mtp_weights).
+        hf_config = copy.copy(hf_config)
+        hf_config.num_hidden_layers = 1
+        weights = _filter_draft_layer(weights, draft_model_idx)
+    with set_default_torch_dtype(model_config.dtype), torch.device(device), set_default_quant_config(quant_config):
+        model = model_cls(hf_config)
+    model.load_weights(weights)
     # As SGLang's DefaultModelLoader.load_model: layers may re-lay their weights out for the device.
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model.eval()
+
+
+def _filter_draft_layer(weights, draft_model_idx: int):
+    """Keep layer draft_model_idx's weights, renamed to layer 0, and the weights outside any layer."""
+    pattern = re.compile(r"(^|\.)layers\.(\d+)\.")
+    for name, tensor in weights:
+        match = pattern.search(name)
+        if match is None:
+            yield name, tensor
+        elif int(match.group(2)) == draft_model_idx:
+            yield pattern.sub(r"\1layers.0.", name, count=1), tensor

@@ -4,7 +4,7 @@ Mirrors python/sglang/srt/models/llama.py (LlamaMLP, LlamaAttention,
 LlamaDecoderLayer, LlamaModel, LlamaForCausalLM, load_weights). The file holds
 model semantics only: no cache, batching or sampling logic. Compare it line by
 line with transformers' modeling_llama.py. SGLang also supports pipeline
-parallelism, quantization and EAGLE-3 layer capture here; omitted.
+parallelism and quantization here; omitted.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
 )
 from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.aux_hidden_states import AuxHiddenStates, default_eagle3_layers
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -113,20 +114,22 @@ class LlamaModel(nn.Module):
             config.num_hidden_layers, lambda i: decoder_layer_type(config, i)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_rank else PPMissingLayer()
+        self.layers_to_capture: list[int] = []  # EAGLE3: the layers whose input the draft reads
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, pp_proxy_tensors=None
-    ) -> Union[torch.Tensor, PPProxyTensors]:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, pp_proxy_tensors=None):
+        """(hidden states, EAGLE3's aux hidden states) on the last stage; PPProxyTensors before it."""
         if self.is_first_rank:
             hidden_states, residual = self.embed_tokens(input_ids), None  # [num_tokens, hidden]
         else:
             hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
-        for layer in self.layers[self.start_layer : self.end_layer]:
-            hidden_states, residual = layer(positions, hidden_states, forward_batch, residual)
+        aux_hidden_states = AuxHiddenStates(self.layers_to_capture)
+        for i in range(self.start_layer, self.end_layer):
+            aux_hidden_states.capture(i, hidden_states, residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, forward_batch, residual)
         if not self.is_last_rank:
             return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
         hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        return hidden_states, aux_hidden_states.get()
 
 
 class LlamaForCausalLM(nn.Module):
@@ -158,10 +161,20 @@ class LlamaForCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, pp_proxy_tensors=None
     ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
-        hidden_states = self.model(input_ids, positions, forward_batch, pp_proxy_tensors)
+        out = self.model(input_ids, positions, forward_batch, pp_proxy_tensors)
         if not self.model.is_last_rank:
-            return hidden_states  # PPProxyTensors, for the next stage
-        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+            return out  # PPProxyTensors, for the next stage
+        hidden_states, aux_hidden_states = out
+        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
+
+    def get_embed_and_head(self) -> tuple[nn.Module, nn.Module]:
+        """What an EAGLE draft shares with its target (speculative/eagle_worker.py)."""
+        return self.model.embed_tokens, self.lm_head
+
+    def set_eagle3_layers_to_capture(self, layer_ids: Optional[list[int]] = None) -> None:
+        """EAGLE3 reads the hidden states entering these layers (SGLang's default when None)."""
+        n = self.config.num_hidden_layers
+        self.model.layers_to_capture = default_eagle3_layers(n) if layer_ids is None else list(layer_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Route each checkpoint tensor to its parameter's weight_loader; return the names loaded."""

@@ -11,7 +11,7 @@ import importlib
 
 from torch import nn
 
-_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2"]
+_MODEL_MODULES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2", "llama_eagle", "llama_eagle3"]
 
 
 def _load_registry() -> dict[str, type[nn.Module]]:

@@ -95,12 +95,15 @@ class SamplingBatchInfo:
             info._init_custom_logit_processors(reqs, device)
         return info
 
-    def repeat_rows(self, n: int) -> "SamplingBatchInfo":
+    def repeat_rows(self, n: int, offsets: Optional[torch.Tensor] = None) -> "SamplingBatchInfo":
         """Each request's row repeated n times, for n consecutive positions of that request (a
         verify round scores k + 1 of them). Like SGLang's filter_batch/merge_batch, it lives beside
         the fields so that a new field cannot be missed; the one per-position fact is
-        min_new_tokens, whose mask frees position j of a row once j tokens cover what it owes."""
+        min_new_tokens, whose mask frees position j of a row once j tokens cover what it owes.
+        offsets: each new row's distance from its request's first position (0 .. n-1 by default;
+        an EAGLE tree's node depths, where siblings share one)."""
         rows = torch.arange(len(self.generators) * n, device=self.device)
+        pos = rows % n if offsets is None else offsets.to(self.device)
 
         def rep(value):
             if isinstance(value, torch.Tensor):
@@ -111,9 +114,9 @@ class SamplingBatchInfo:
 
         repeated = {f.name: rep(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "vocab_size"}
         if self.min_new_tokens_mask is not None:
-            still_short = (rows % n < repeated["min_new_tokens_left"]).unsqueeze(1)
+            still_short = (pos < repeated["min_new_tokens_left"]).unsqueeze(1)
             repeated["min_new_tokens_mask"] = torch.where(still_short, repeated["min_new_tokens_mask"], 0.0)
-            repeated["min_new_tokens_left"] = (repeated["min_new_tokens_left"] - rows % n).clamp(min=0)
+            repeated["min_new_tokens_left"] = (repeated["min_new_tokens_left"] - pos).clamp(min=0)
         if self.custom_logit_processors is not None:
             repeated["custom_logit_processors"] = [
                 (processor, (idx[:, None] * n + torch.arange(n, device=self.device)).flatten(), rep(params))

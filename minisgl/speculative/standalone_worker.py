@@ -35,15 +35,16 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from minisgl import tracing
-from minisgl.layers.sampler import argmax_rows, sample_per_request, top_k_top_p_min_p_renorm
+from minisgl.layers.sampler import argmax_rows, sample_per_request
 from minisgl.managers.schedule_batch import ModelWorkerBatch
 from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 from minisgl.server_args import ServerArgs
+from minisgl.speculative.spec_utils import plain_batch, release_kv, sampling_probs
 
 if TYPE_CHECKING:
-    from minisgl.managers.schedule_batch import Req, ScheduleBatch
+    from minisgl.managers.schedule_batch import ScheduleBatch
 
 
 class StandaloneWorker(TpModelWorker):
@@ -109,7 +110,7 @@ class StandaloneWorker(TpModelWorker):
         tokens = list(batch.input_ids)
         drafts, probs = [], []
         for step in range(k):
-            step_batch = _plain(
+            step_batch = plain_batch(
                 batch,
                 forward_mode=ForwardMode.DECODE,
                 input_ids=tokens,
@@ -121,7 +122,7 @@ class StandaloneWorker(TpModelWorker):
             if info.is_all_greedy:
                 next_ids = argmax_rows(logits)
             else:
-                q = _sampling_probs(logits, info)
+                q = sampling_probs(logits, info)
                 next_ids = sample_per_request(q, info.generators)
                 probs.append(q)
             drafts.append(next_ids)
@@ -142,7 +143,7 @@ class StandaloneWorker(TpModelWorker):
         start = [s - (k + 1) for s in model_worker_batch.seq_lens]
         last = torch.tensor(model_worker_batch.input_ids, dtype=drafts.dtype, device=drafts.device)
         verify_ids = torch.cat([last[:, None], drafts], dim=1)  # [bs, k + 1]
-        verify_batch = _plain(
+        verify_batch = plain_batch(
             model_worker_batch,
             forward_mode=ForwardMode.TARGET_VERIFY,
             input_ids=verify_ids.flatten().tolist(),
@@ -158,7 +159,9 @@ class StandaloneWorker(TpModelWorker):
             accepted = _accept(drafts, draft_probs, logits, info, k)
             for req, tokens in zip(batch.reqs, accepted):
                 # The tokens before the last accepted one have KV; the rest of the round's slots go back.
-                self.release_kv(req, req.kv_len - (k + 1) + len(tokens))
+                release_kv(
+                    self.req_to_token_pool, self.token_to_kv_pool_allocator, req, req.kv_len - (k + 1) + len(tokens)
+                )
             num_accepted = [len(t) - 1 for t in accepted]
             tracing.point(
                 "StandaloneWorker.verify.accepted",
@@ -202,22 +205,6 @@ class StandaloneWorker(TpModelWorker):
             )
         )
 
-    def release_kv(self, req: "Req", kv_len: int) -> None:
-        """Give back the request's slots from position kv_len on: KV no token will ever use."""
-        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, kv_len : req.kv_len]
-        self.token_to_kv_pool_allocator.free(slots.to(torch.int64))
-        req.kv_len = kv_len
-
-
-def _plain(batch: ModelWorkerBatch, **changes) -> ModelWorkerBatch:
-    """A forward of the round: no logprobs or hidden states (refused under speculation)."""
-    return dataclasses.replace(batch, return_logprob=False, capture_hidden_mode=CaptureHiddenMode.NULL, **changes)
-
-
-def _sampling_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """The distribution the Sampler draws from: temperature, then top-k / top-p / min-p."""
-    return top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
-
 
 def _accept(
     drafts: torch.Tensor, draft_probs: Optional[torch.Tensor], logits: torch.Tensor, info: SamplingBatchInfo, k: int
@@ -230,7 +217,7 @@ def _accept(
     num_matching = (drafts == greedy_next[:, :k]).int().cumprod(dim=1).sum(dim=1).tolist()
     target_probs = None
     if not info.is_all_greedy:
-        target_probs = _sampling_probs(logits.view(bs * (k + 1), -1), info).view(bs, k + 1, -1)
+        target_probs = sampling_probs(logits.view(bs * (k + 1), -1), info).view(bs, k + 1, -1)
     accepted = []
     for i in range(bs):
         generator = info.generators[i * (k + 1)]

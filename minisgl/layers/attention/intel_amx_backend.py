@@ -54,7 +54,8 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             super().init_forward_metadata(forward_batch)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        if self.use_mla:
+        # The C++ extend kernel is causal only; an EAGLE tree's custom mask runs in plain torch.
+        if self.use_mla or getattr(forward_batch.spec_info, "custom_mask", None) is not None:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.extend_attention_cpu(

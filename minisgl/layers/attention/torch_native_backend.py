@@ -56,7 +56,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         v = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
         out = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        start = 0
+        # EAGLE's trees (speculative/eagle_utils.py): each new token sees the prefix and its own
+        # ancestors, one [extend_len, seq_len] block per request, flattened (SGLang's custom_mask).
+        custom_mask = getattr(forward_batch.spec_info, "custom_mask", None)
+        start = mask_start = 0
         for i in range(forward_batch.batch_size):
             extend_len = forward_batch.extend_seq_lens_cpu[i]
             prefix_len = forward_batch.extend_prefix_lens_cpu[i]
@@ -70,7 +73,11 @@ class TorchNativeAttnBackend(AttentionBackend):
                 ki = torch.cat([_gather(k_buf, slots).to(q.dtype), ki])
                 vi = torch.cat([_gather(v_buf, slots).to(q.dtype), vi])
             ki, vi = ki.transpose(0, 1), vi.transpose(0, 1)
-            if prefix_len == 0:
+            if custom_mask is not None:
+                mask = custom_mask[mask_start : mask_start + extend_len * seq_len].view(extend_len, seq_len)
+                mask_start += extend_len * seq_len
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scaling, enable_gqa=True)
+            elif prefix_len == 0:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
                 # New token j sits at absolute position prefix_len + j and sees keys 0..prefix_len + j.

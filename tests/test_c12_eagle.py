@@ -1,0 +1,278 @@
+"""C12 for EAGLE / EAGLE3: a draft head on the target's hidden states drafts a chain or a tree;
+the target verifies it in one TARGET_VERIFY forward with the tree's mask, and greedy output is
+token for token the target's, on every architecture, with every slot a round takes given back.
+
+A random head (minisgl.tools.make_eagle_head) drafts badly, so most tests also wrap the
+worker's draft() in an oracle that writes the target's true continuation along one path of the
+tree (the last child at each level, not the first drafted): verify then accepts several tokens
+per round through non-contiguous nodes, and everything downstream (the accept walk, moving the
+accepted slots, freeing the rest, the draft extend) runs on real acceptances. The target's own
+verification is untouched, so the output must still be the target's."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from minisgl.entrypoints.engine import Engine
+from minisgl.server_args import ServerArgs
+from minisgl.speculative.eagle_utils import accept_walk, build_tree_kernel_efficient
+from minisgl.speculative.eagle_worker import EAGLEWorker
+from minisgl.speculative.multi_layer_eagle_worker import MultiLayerEagleWorker
+from minisgl.tools.make_eagle_head import make_eagle_head
+from minisgl.tools.make_tiny_model import ARCHS
+from tests._models import tiny_model_dir
+
+KW = dict(max_total_tokens=512, max_running_requests=8, device="cpu", attention_backend="torch_native")
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+CHAIN = dict(speculative_num_steps=3, speculative_eagle_topk=1)
+TREE = dict(speculative_num_steps=3, speculative_eagle_topk=3, speculative_num_draft_tokens=6)
+
+_heads: dict = {}
+
+
+def _head(arch: str, algorithm: str, tmp_path_factory) -> str:
+    if (arch, algorithm) not in _heads:
+        out = tmp_path_factory.mktemp(f"{arch}-{algorithm}")
+        # EAGLE3's own vocabulary: a random half of the target's (d2t maps it back).
+        _heads[arch, algorithm] = str(make_eagle_head(tiny_model_dir(arch), out, algorithm, draft_vocab_size=256))
+    return _heads[arch, algorithm]
+
+
+def _ids(results) -> list[list[int]]:
+    return [r["output_ids"] for r in results]
+
+
+def _plain(arch: str, prompts=PROMPTS, params=GREEDY, **kwargs) -> list[list[int]]:
+    return _ids(
+        Engine(model_path=tiny_model_dir(arch), **{**KW, **kwargs}).generate(input_ids=prompts, sampling_params=params)
+    )
+
+
+def _eagle(arch, algorithm, head, shape, **kwargs) -> Engine:
+    return Engine(
+        model_path=tiny_model_dir(arch),
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=head,
+        **{**KW, **shape, **kwargs},
+    )
+
+
+def _with_oracle(engine: Engine, expected: dict[tuple, list[int]], depth: int = 2) -> dict:
+    """Make the draft right for `depth` levels along the last child at each level, and check the
+    allocator after every round: with no radix cache, the used slots are the requests' KV."""
+    worker, scheduler = engine.scheduler.draft_worker, engine.scheduler
+    draft, verify, rounds = worker.draft, worker.verify, {"n": 0}
+    total = scheduler.worker_info.max_total_num_tokens
+
+    def oracle_draft(batch, model_worker_batch):
+        spec = draft(batch, model_worker_batch)
+        tokens = spec.draft_token.view(len(batch.reqs), -1)
+        for b, req in enumerate(batch.reqs):
+            truth, node = expected[tuple(req.origin_input_ids)][len(req.output_ids) :], 0
+            for token in truth[:depth]:
+                children = (spec.parents[b] == node).nonzero().flatten().tolist()
+                if not children:
+                    break
+                node = children[-1]
+                tokens[b, node] = token
+        return spec
+
+    def checked_verify(batch, model_worker_batch, spec_info):
+        result = verify(batch, model_worker_batch, spec_info)
+        if scheduler.server_args.disable_radix_cache:
+            assert worker.token_to_kv_pool_allocator.available_size() == total - sum(r.kv_len for r in batch.reqs)
+        rounds["n"] += 1
+        return result
+
+    worker.draft, worker.verify = oracle_draft, checked_verify
+    return rounds
+
+
+def _check(arch, algorithm, shape, tmp_path_factory, prompts=PROMPTS, params=GREEDY, depth=2, **kwargs):
+    expected = _plain(arch, prompts, params)
+    engine = _eagle(arch, algorithm, _head(arch, algorithm, tmp_path_factory), shape, **kwargs)
+    rounds = _with_oracle(engine, {tuple(p): e for p, e in zip(prompts, expected)}, depth)
+    results = engine.generate(input_ids=prompts, sampling_params=params)
+    assert _ids(results) == expected
+    assert rounds["n"] > 0 and sum(r["meta_info"]["spec_accept_token_num"] for r in results) > 0
+    scheduler = engine.scheduler
+    assert scheduler.flush_cache()
+    assert scheduler.token_to_kv_pool_allocator.available_size() == scheduler.worker_info.max_total_num_tokens
+    return engine, results
+
+
+# ---- the tree in plain torch ----------------------------------------------------------------
+
+
+def test_eagle_tree_mask_positions_and_accept_walk():
+    # topk 2, 2 steps: candidates 0, 1 (step 0) and 2..5 (step 1: children of the kept lanes,
+    # lane 0 = candidate 0, lane 1 = candidate 1). Choose 0, 1, 3, 4: 3 hangs from 0, 4 from 1.
+    kept = torch.tensor([[-1, 0, 1]])
+    tree = build_tree_kernel_efficient(
+        torch.tensor([7]), kept, torch.tensor([[0, 1, 3, 4]]), torch.tensor([[10, 11, 12, 13]]), [5], 2, 5
+    )
+    assert tree["parents"].tolist() == [[-1, 0, 0, 1, 2]]
+    assert tree["positions"].tolist() == [5, 6, 6, 7, 7]
+    mask = tree["custom_mask"].view(5, 10)
+    assert mask[:, :5].all()  # the prefix
+    assert mask[:, 5:].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 0, 1, 0, 1],
+    ]
+    # The target says 11 after 7, then 13 after 11 (node 2, whose child 4 holds 13), then 99.
+    target_next = torch.tensor([[11, 0, 13, 0, 99]])
+    assert accept_walk(tree["parents"], tree["draft_token"], target_next) == [[0, 2, 4]]
+    assert accept_walk(tree["parents"], tree["draft_token"], torch.tensor([[12, 0, 0, 0, 0]])) == [[0]]
+
+
+# ---- greedy output is the target's ------------------------------------------------------------
+
+
+def test_eagle_greedy_is_the_target(tmp_path_factory):
+    # The default suite's one engine run: EAGLE3 (three layers' features, its own vocabulary)
+    # drafting a tree; every architecture, both heads and both shapes run in the slow set.
+    params = {**GREEDY, "max_new_tokens": 8}
+    _check("llama", "EAGLE3", TREE, tmp_path_factory, params=params, disable_radix_cache=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_eagle_greedy_on_every_architecture(arch, algorithm, shape, tmp_path_factory):
+    _check(arch, algorithm, shape, tmp_path_factory, disable_radix_cache=True)
+
+
+@pytest.mark.slow
+def test_eagle_tree_on_the_cpu_kernels_backend_and_a_random_head(tmp_path_factory):
+    # intel_amx's C++ extend kernel is causal only: a tree's mask falls back to torch_native.
+    # No oracle here: the random head's own drafts, almost all rejected.
+    arch, head = "qwen3", _head("qwen3", "EAGLE3", tmp_path_factory)
+    expected = _plain(arch)
+    engine = _eagle(arch, "EAGLE3", head, TREE, attention_backend="intel_amx")
+    assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == expected
+
+
+@pytest.mark.slow
+def test_eagle_radix_cache_chunked_prefill_and_stops(tmp_path_factory):
+    # Shared prefixes come from the radix cache; 8-token chunks split the prompts; stop tokens
+    # and max_new_tokens fall inside accepted runs (the oracle makes runs of 3).
+    prompts = [list(range(3, 23)), list(range(3, 23)) + [40, 41], [9, 10]]
+    first = _plain("llama", prompts)
+    params = {"temperature": 0, "max_new_tokens": 14, "stop_token_ids": [first[0][5]]}
+    engine, results = _check("llama", "EAGLE", TREE, tmp_path_factory, prompts, params, depth=3, chunked_prefill_size=8)
+    assert results[0]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert engine.scheduler.num_cached_tokens > 0
+
+
+@pytest.mark.slow
+def test_eagle_retraction(tmp_path_factory):
+    # A pool too small for every request's round: decode retracts, and the re-prefill redrafts.
+    prompts = [list(range(5 + i, 25 + i)) for i in range(6)]
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    engine, _ = _check(
+        "llama", "EAGLE3", CHAIN, tmp_path_factory, prompts, params, max_total_tokens=160, disable_radix_cache=True
+    )
+    assert engine.scheduler.num_retracted_reqs > 0
+
+
+@pytest.mark.slow
+def test_eagle_hot_token_map(tmp_path_factory, tmp_path):
+    # --speculative-token-map: the shared LM head keeps these rows; drafted index i is hot[i].
+    hot = torch.arange(0, 400, 2)
+    torch.save(hot, tmp_path / "hot.pt")
+    engine, _ = _check(
+        "qwen2",
+        "EAGLE",
+        TREE,
+        tmp_path_factory,
+        disable_radix_cache=True,
+        speculative_token_map=str(tmp_path / "hot.pt"),
+    )
+    worker = engine.scheduler.draft_worker
+    assert torch.equal(worker.hot_token_id, hot) and worker.model_runner.model.lm_head.weight.shape[0] == 200
+
+
+@pytest.mark.slow
+def test_eagle_multi_layer_runner_list(tmp_path_factory):
+    engine, _ = _check(
+        "llama", "EAGLE", CHAIN, tmp_path_factory, enable_multi_layer_eagle=True, disable_radix_cache=True
+    )
+    worker = engine.scheduler.draft_worker
+    assert isinstance(worker, MultiLayerEagleWorker) and len(worker.model_runner_list) == 3
+    runners = worker.model_runner_list
+    assert [r.draft_model_idx for r in runners] == [0, 0, 0]  # a one-layer head serves every step
+    assert len({id(r.token_to_kv_pool) for r in runners}) == 3  # each step its own KV ...
+    assert all(r.req_to_token_pool is runners[0].req_to_token_pool for r in runners)  # ... in one set of slots
+    assert all(
+        r.token_to_kv_pool_allocator is worker.target_worker.model_runner.token_to_kv_pool_allocator for r in runners
+    )
+
+
+def test_eagle_draft_shares_the_targets_embedding_and_head(tmp_path_factory):
+    engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), CHAIN)
+    worker = engine.scheduler.draft_worker
+    assert isinstance(worker, EAGLEWorker) and worker.draft_runner(2) is worker.model_runner
+    target, draft = worker.target_worker.model_runner.model, worker.model_runner.model
+    assert draft.model.embed_tokens is target.model.embed_tokens and draft.lm_head is target.lm_head
+    assert worker.get_memory_pool() == worker.target_worker.get_memory_pool()
+    engine3 = _eagle("llama", "EAGLE3", _head("llama", "EAGLE3", tmp_path_factory), CHAIN)
+    target3 = engine3.scheduler.tp_worker.model_runner.model
+    assert target3.model.layers_to_capture == [1, 1, 0]  # SGLang's [2, n // 2, n - 3], clamped to 2 layers
+
+
+def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
+    head = _head("llama", "EAGLE", tmp_path_factory)
+    with pytest.raises(ValueError, match="LlamaForCausalLMEagle3 head"):
+        _eagle("llama", "EAGLE3", head, CHAIN)
+    for field, value, message in (("hidden_size", 32, "hidden size"), ("vocab_size", 100, "vocab_size")):
+        wrong = tmp_path / field
+        shutil.copytree(head, wrong)
+        config = json.loads((wrong / "config.json").read_text())
+        (wrong / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(ValueError, match=message):
+            _eagle("llama", "EAGLE", str(wrong), CHAIN)
+    engine = _eagle("llama", "EAGLE", head, CHAIN)
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens must be in"):
+        ServerArgs(model_path=tiny_model_dir("llama"), speculative_algorithm="EAGLE", speculative_draft_model_path=head,
+                   speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=9)  # fmt: skip
+    with pytest.raises(ValueError, match="custom attention mask"):
+        ServerArgs(model_path=tiny_model_dir("llama"), speculative_algorithm="EAGLE", speculative_draft_model_path=head,
+                   speculative_eagle_topk=2, attention_backend="triton")  # fmt: skip
+    args = ServerArgs(
+        model_path=tiny_model_dir("llama"), speculative_algorithm="eagle", speculative_draft_model_path=head
+    )
+    # SGLang's auto_choose_speculative_params for a Llama target.
+    assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (5, 4, 8)
+
+
+@pytest.mark.slow
+def test_eagle_tensor_parallel(tmp_path_factory):
+    arch, head = "qwen3", _head("qwen3", "EAGLE3", tmp_path_factory)
+    expected = _plain(arch)
+    with _eagle(arch, "EAGLE3", head, TREE, tp_size=2) as engine:
+        got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert engine.flush_cache()
+        assert engine.get_server_info()["available_kv_tokens"] == 512
+    assert _ids(got) == expected
+
+
+@pytest.mark.slow
+def test_eagle_sampled_requests_run_and_free_their_kv(tmp_path_factory):
+    # Sampled rows walk the tree with tokens drawn from the target's distribution; seeded, the
+    # output repeats, and greedy rows in the same batch stay the target's.
+    engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), TREE, disable_radix_cache=True)
+    sampled = {"temperature": 1.0, "top_k": 5, "max_new_tokens": 12, "ignore_eos": True, "seed": 3}
+    params = [sampled, sampled, GREEDY]
+    first = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    again = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    assert _ids(first) == _ids(again) and _ids(first)[2] == _plain("llama", [PROMPTS[2]])[0]
+    assert engine.scheduler.token_to_kv_pool_allocator.available_size() == 512
