@@ -141,12 +141,14 @@ class ServerArgs:
 
     def _handle_model_paths(self) -> None:
         # Resolved here, before any ModelConfig: the default alias and .gguf files become an HF
-        # folder (converted once, then cached), so ModelConfig only ever reads config.json.
+        # folder (written once, then cached), so ModelConfig only ever reads config.json. A .gguf
+        # file's folder says quant_method "gguf" (kept quantized, as SGLang); the alias is converted
+        # to float32 unless --quantization gguf asks for its blocks.
         from minisgl.model_loader.gguf import resolve_model_path
 
         # As the user wrote it: /get_model_info reports it, as SGLang's does (not the cache folder).
         self.model_path_as_given = getattr(self, "model_path_as_given", self.model_path)
-        self.model_path = resolve_model_path(self.model_path)
+        self.model_path = resolve_model_path(self.model_path, self.quantization)
         if self.speculative_draft_model_path is not None:
             self.speculative_draft_model_path = resolve_model_path(self.speculative_draft_model_path)
 

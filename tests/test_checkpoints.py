@@ -150,14 +150,15 @@ def test_convert_gguf_never_leaves_a_half_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf, "_write_hf_folder", crash)
     (tmp_path / "m.gguf").write_bytes(b"")
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    # A .gguf file is converted to float when another scheme than gguf is asked for.
     with pytest.raises(RuntimeError, match="mid-conversion"):
-        resolve_model_path(str(tmp_path / "m.gguf"))
+        resolve_model_path(str(tmp_path / "m.gguf"), quantization="w8a8_int8")
     assert list((tmp_path / "cache").iterdir()) == []
 
     # A finished folder is reused without converting again.
     (tmp_path / "cache" / "m").mkdir()
     (tmp_path / "cache" / "m" / "config.json").write_text("{}")
-    assert resolve_model_path(str(tmp_path / "m.gguf")) == str(tmp_path / "cache" / "m")
+    assert resolve_model_path(str(tmp_path / "m.gguf"), quantization="w8a8_int8") == str(tmp_path / "cache" / "m")
     assert convert_gguf(tmp_path / "m.gguf", tmp_path / "cache" / "m") == tmp_path / "cache" / "m"
 
 

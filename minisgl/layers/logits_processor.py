@@ -78,7 +78,10 @@ class LogitsProcessor(nn.Module):
         return output
 
     def _get_logits(self, hidden_states: torch.Tensor, lm_head) -> torch.Tensor:
-        logits = apply_linear(hidden_states, lm_head.gemm_weight)
+        if lm_head.quant_method is not None:  # as SGLang: a quantized head multiplies its own way
+            logits = lm_head.quant_method.apply(lm_head, hidden_states)
+        else:
+            logits = apply_linear(hidden_states, lm_head.gemm_weight)
         logits = tensor_model_parallel_all_gather(logits)
         return logits[:, : self.vocab_size]
 

@@ -4,7 +4,9 @@ Mirrors python/sglang/srt/layers/vocab_parallel_embedding.py
 (VocabParallelEmbedding, ParallelLMHead). Each rank holds a contiguous slice
 of the vocabulary; out-of-slice tokens embed to zero and the all-reduce sums
 the slices back. SGLang also pads the vocabulary for LoRA and quantization;
-minisgl pads only to a multiple of the TP size.
+minisgl pads only to a multiple of the TP size. As in SGLang, a quantization scheme may
+give the vocabulary a quant_method (GGUF's keeps the rows in their blocks); otherwise the
+rows are a plain float weight.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from minisgl.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from minisgl.layers.linear import pack_linear_weight
+from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -33,6 +36,17 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings_per_partition = padded // self.tp_size
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
+        quant_config = resolve_quant_config(FROM_LOADER)
+        self.quant_method = quant_config.get_quant_method(self) if quant_config is not None else None
+        if self.quant_method is not None:
+            self.quant_method.create_weights(
+                self,
+                embedding_dim,
+                [self.num_embeddings_per_partition],
+                torch.get_default_dtype(),
+                weight_loader=self.weight_loader,
+            )
+            return
         self.weight = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
 
@@ -40,13 +54,22 @@ class VocabParallelEmbedding(nn.Module):
         local = loaded_weight[self.vocab_start_index : min(self.vocab_end_index, self.org_vocab_size)]
         param.data[: local.shape[0]].copy_(local)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return (
+            self.quant_method.embedding(self, ids) if self.quant_method is not None else F.embedding(ids, self.weight)
+        )
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._embed(input_ids)
         in_shard = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
         local_ids = torch.where(in_shard, input_ids - self.vocab_start_index, 0)
-        out = F.embedding(local_ids, self.weight) * in_shard.unsqueeze(-1)
+        out = self._embed(local_ids) * in_shard.unsqueeze(-1)
         return tensor_model_parallel_all_reduce(out)
+
+    def process_weights_after_loading(self) -> None:
+        if self.quant_method is not None:
+            self.quant_method.process_weights_after_loading(self)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -58,9 +81,14 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.packed_weight: Optional[torch.Tensor] = None
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
-        self.weight = embed_tokens.weight
+        if self.quant_method is not None:  # the same blocks (storage and type) serve both
+            self.qweight, self.qweight_type = embed_tokens.qweight, embed_tokens.qweight_type
+        else:
+            self.weight = embed_tokens.weight
 
     def process_weights_after_loading(self) -> None:
+        if self.quant_method is not None:  # LogitsProcessor multiplies through quant_method.apply
+            return super().process_weights_after_loading()
         # The logits GEMM gets its own copy in apply_linear's fastest layout: the weight itself
         # stays plain, since a tied embedding looks rows up in it.
         packed = pack_linear_weight(self.weight.data)

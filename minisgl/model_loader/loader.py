@@ -4,8 +4,9 @@ Mirrors python/sglang/srt/model_loader/loader.py (DefaultModelLoader.load_model)
 construct on the target device in the target dtype, then stream weights into
 each parameter's weight_loader. The model's QuantizationConfig (get_quant_config, as
 SGLang's model_loader/weight_utils.py) decides which parameters each layer creates. SGLang
-also has sharded, dummy and remote loaders; minisgl reads local safetensors (a GGUF file is converted to
-safetensors once, when ServerArgs resolves the model path: model_loader/gguf.py).
+also has sharded, dummy and remote loaders; minisgl reads local safetensors, or, under
+``--quantization gguf``, the blocks of the .gguf file the model folder points at (SGLang's
+GGUFModelLoader: model_loader/gguf.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from torch import nn
 from minisgl.configs.model_config import ModelConfig
 from minisgl.layers.quantization import get_quantization_config
 from minisgl.layers.quantization.base_config import QuantizationConfig, set_default_quant_config
+from minisgl.layers.quantization.gguf import GGUFConfig
+from minisgl.model_loader.gguf import gguf_quant_weights_iterator
 from minisgl.model_loader.weight_utils import safetensors_weights_iterator
 from minisgl.models.registry import ModelRegistry
 
@@ -51,11 +54,12 @@ def get_quant_config(model_config: ModelConfig) -> Optional[QuantizationConfig]:
 def get_model(model_config: ModelConfig, device: str, draft_model_idx: Optional[int] = None) -> nn.Module:
     model_cls = ModelRegistry.resolve_model_cls(model_config.architectures)
     quant_config = get_quant_config(model_config)
-    # Big tensors arrive already in the model's dtype: no float32 copy of one is ever whole in memory.
-    hf_config, weights = (
-        model_config.hf_config,
-        safetensors_weights_iterator(model_config.model_path, model_config.dtype),
-    )
+    hf_config = model_config.hf_config
+    if isinstance(quant_config, GGUFConfig):
+        weights = gguf_quant_weights_iterator(quant_config.gguf_file, hf_config, model_config.dtype)
+    else:
+        # Big tensors arrive already in the model's dtype: no float32 copy of one is ever whole in memory.
+        weights = safetensors_weights_iterator(model_config.model_path, model_config.dtype)
     if draft_model_idx is not None:
         # One layer of a multi-layer draft, built and loaded as layer 0 (SGLang's _filter_mtp_weights).
         hf_config = copy.copy(hf_config)

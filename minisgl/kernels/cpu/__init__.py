@@ -4,7 +4,8 @@ Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
 ``weight_packed_linear``, and for W8A8-int8 ``per_token_quant_int8`` and ``int8_scaled_mm_with_quant``)
-registered under ``torch.ops.minisgl_kernel``, plus ``argmax_cpu`` for greedy sampling and
+registered under ``torch.ops.minisgl_kernel``, plus ``gguf_mul_mat`` for GGUF blocks kept quantized
+(sgl-kernel's GGUF GEMMs, ggml_mul_mat_a8 and kin, are CUDA-only), ``argmax_cpu`` for greedy sampling and
 ``apply_token_bitmask_cpu`` for grammar masks, which sgl-kernel has no counterpart of, and
 ``convert_weight_packed_int8`` (sgl-kernel's convert_weight_packed packs int8 weights too, by
 dtype). SGLang builds a wheel
@@ -56,6 +57,7 @@ _SOURCES = [
     "gemm_vnni.cpp",
     "sampling.cpp",
     "gemm_int8.cpp",
+    "gemm_gguf.cpp",
     "torch_extension_cpu.cpp",
 ]
 _HEADERS = ["common.h", "attention.h"]

@@ -22,6 +22,8 @@ _FEATURES = {
     "avx512_bf16": "avx512_bf16",  # vdpbf16ps: the small-M bf16 GEMM
     "avx512f": "avx512_f",  # ATen's AVX512 build of at::vec: 32-column float panels
     "avx2": "avx2",  # ATen's AVX2 build: 16-column float panels
+    "fma": "fma3",  # with avx2 and f16c: gemm_gguf.cpp's vector path
+    "f16c": "f16c",  # fp16 -> fp32 in one instruction (the GGUF blocks' scales)
 }
 
 
@@ -69,3 +71,8 @@ def vnni_gemm_engine(dtype: torch.dtype) -> str | None:
     if dtype == torch.float16 and "amx_fp16" in features:
         return "amx_fp16"
     return None
+
+
+def gguf_gemm_uses_avx2() -> bool:
+    """Whether gemm_gguf.cpp may take its AVX2 + FMA + F16C path here (else its scalar path)."""
+    return {"avx2", "fma", "f16c"} <= cpu_features()

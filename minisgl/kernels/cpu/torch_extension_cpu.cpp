@@ -34,6 +34,9 @@ std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);
 at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
                                      const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, bool is_vnni);
 void apply_token_bitmask_cpu(at::Tensor& logits, const at::Tensor& bitmask);
+// gemm_gguf.cpp: GGUF blocks kept quantized
+at::Tensor gguf_mul_mat(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
+                        const std::optional<at::Tensor>& bias, bool use_avx2);
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -61,6 +64,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def(
       "int8_scaled_mm_with_quant(Tensor mat1, Tensor mat2, Tensor scales2, Tensor? bias, ScalarType out_dtype,"
       " bool is_vnni) -> Tensor");
+  m.def("gguf_mul_mat(Tensor x, Tensor qweight, int weight_type, Tensor? bias, bool use_avx2) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
@@ -78,4 +82,5 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("per_token_quant_int8", &minisgl::per_token_quant_int8);
   m.impl("int8_scaled_mm_with_quant", &minisgl::int8_scaled_mm_with_quant);
   m.impl("apply_token_bitmask_cpu", &minisgl::apply_token_bitmask_cpu);
+  m.impl("gguf_mul_mat", &minisgl::gguf_mul_mat);
 }

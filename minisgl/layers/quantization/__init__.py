@@ -8,9 +8,11 @@ compressed-tensors, ...), most of them GPU kernels; minisgl implements the ones 
 from __future__ import annotations
 
 from minisgl.layers.quantization.base_config import QuantizationConfig
+from minisgl.layers.quantization.gguf import GGUFConfig
 from minisgl.layers.quantization.w8a8_int8 import W8A8Int8Config
 
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
+    "gguf": GGUFConfig,
     "w8a8_int8": W8A8Int8Config,
 }
 

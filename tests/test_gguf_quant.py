@@ -1,0 +1,122 @@
+"""GGUF weights kept quantized (--quantization gguf): layers, sharding, the loader, and SmolLM2 end to end.
+
+The reference for a layer is the same layer in float with the `gguf` package's dequantized weights;
+for the model, the float32 conversion of the same file (transformers dequantizes it and undoes the
+q/k permutation), which is what the HF-parity tests check against transformers.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
+from gguf.quants import dequantize, quantize
+from transformers import LlamaConfig
+
+import minisgl.layers.linear as linear
+from minisgl.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl.layers.quantization.base_config import set_default_quant_config
+from minisgl.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
+from minisgl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl.model_loader.gguf import _reverse_permute, gguf_quant_weights_iterator
+
+GGUF = GGUFConfig(gguf_file="unused.gguf")
+
+
+def _blocks(n: int, k: int, weight_type: T, seed: int):
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    q = quantize(w, weight_type)
+    return torch.from_numpy(q), torch.from_numpy(dequantize(q, weight_type).astype(np.float32))
+
+
+def _load_quantized(layer, shards: list[tuple[torch.Tensor, T, tuple]]) -> None:
+    for blocks, weight_type, shard in shards:
+        layer.qweight_type.weight_loader(layer.qweight_type, torch.tensor(int(weight_type)), *shard)
+        layer.qweight.weight_loader(layer.qweight, blocks, *shard)
+    layer.process_weights_after_loading()
+
+
+def test_fused_layers_concatenate_rows_of_blocks():
+    """qkv_proj and gate_up_proj: each shard's rows land where the float layer puts them."""
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    with set_default_quant_config(GGUF):
+        qkv = QKVParallelLinear(64, 16, total_num_heads=4, total_num_kv_heads=2)
+        gate_up = MergedColumnParallelLinear(64, [96, 96])
+    assert isinstance(qkv.quant_method, GGUFLinearMethod) and not hasattr(qkv, "weight")
+    q, k, v = _blocks(64, 64, T.Q4_1, 1), _blocks(32, 64, T.Q4_1, 2), _blocks(32, 64, T.Q4_1, 3)
+    _load_quantized(qkv, [(q[0], T.Q4_1, ("q",)), (k[0], T.Q4_1, ("k",)), (v[0], T.Q4_1, ("v",))])
+    torch.testing.assert_close(qkv(x), x @ torch.cat([q[1], k[1], v[1]]).t(), rtol=1e-5, atol=1e-4)
+    gate, up = _blocks(96, 64, T.Q8_0, 4), _blocks(96, 64, T.Q8_0, 5)
+    _load_quantized(gate_up, [(gate[0], T.Q8_0, (0,)), (up[0], T.Q8_0, (1,))])
+    torch.testing.assert_close(gate_up(x), x @ torch.cat([gate[1], up[1]]).t(), rtol=1e-5, atol=1e-4)
+
+
+def test_fused_shards_of_two_types_are_refused():
+    with set_default_quant_config(GGUF):
+        gate_up = MergedColumnParallelLinear(64, [32, 32])
+    gate_up.qweight_type.weight_loader(gate_up.qweight_type, torch.tensor(int(T.Q4_1)), 0)
+    with pytest.raises(ValueError, match="one block type per fused layer"):
+        gate_up.qweight_type.weight_loader(gate_up.qweight_type, torch.tensor(int(T.Q8_0)), 1)
+
+
+def _row_parallel(monkeypatch, input_size: int, rank: int, tp: int = 2) -> RowParallelLinear:
+    monkeypatch.setattr(linear, "get_tensor_model_parallel_world_size", lambda: tp)
+    monkeypatch.setattr(linear, "get_tensor_model_parallel_rank", lambda: rank)
+    with set_default_quant_config(GGUF):
+        return RowParallelLinear(input_size, 24, reduce_results=False)
+
+
+def test_row_parallel_splits_by_whole_blocks(monkeypatch):
+    blocks, w = _blocks(24, 128, T.Q4_0, 6)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(7))
+    partial = []
+    for rank in range(2):
+        layer = _row_parallel(monkeypatch, 128, rank)
+        _load_quantized(layer, [(blocks, T.Q4_0, ())])
+        partial.append(layer(x[:, rank * 64 : (rank + 1) * 64]))
+    torch.testing.assert_close(partial[0] + partial[1], x @ w.t(), rtol=1e-5, atol=1e-4)  # the all-reduce
+    layer = _row_parallel(monkeypatch, 96, 0)  # 48 weights a rank: a block cut in two
+    with pytest.raises(ValueError, match="48 weights is not a whole number of 32-weight blocks"):
+        layer.qweight_type.weight_loader(layer.qweight_type, torch.tensor(int(T.Q4_0)))
+
+
+def test_embedding_and_tied_head_share_the_blocks():
+    blocks, w = _blocks(50, 64, T.Q8_0, 8)
+    with set_default_quant_config(GGUF):
+        embed, head = VocabParallelEmbedding(50, 64), ParallelLMHead(50, 64)
+    head.tie_weights(embed)
+    _load_quantized(embed, [(blocks, T.Q8_0, ())])
+    head.process_weights_after_loading()
+    ids = torch.tensor([[3, 49], [0, 3]])
+    assert torch.equal(embed(ids), w[ids])  # a lookup dequantizes only its rows, exactly
+    hidden = torch.randn(4, 64, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(head.quant_method.apply(head, hidden), hidden @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_reverse_permute_undoes_llama_cpp():
+    def permute(weights, n_head):  # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute
+        return (
+            weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weights.shape)
+        )
+
+    rows = torch.arange(3 * 64 * 5).reshape(3 * 64, 5)  # 3 heads of 64 rows, 5 bytes a row
+    assert torch.equal(_reverse_permute(permute(rows, 3), 3), rows)
+    assert not torch.equal(permute(rows, 3), rows)
+
+
+def test_unsupported_block_type_is_refused_by_name(tmp_path):
+    path = tmp_path / "q5.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    writer.add_tensor("blk.0.attn_q.weight", quantize(w, T.Q5_0), raw_dtype=T.Q5_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=32
+    )
+    with pytest.raises(NotImplementedError, match="blk.0.attn_q.weight: GGUF type Q5_0 is not supported"):
+        next(gguf_quant_weights_iterator(str(path), config, torch.float32))
