@@ -44,7 +44,7 @@ def partial_json_loads(text: str, partial_strings: bool = True) -> tuple[Any, Op
             expect_key.pop()
             i += 1
             if not stack:
-                return (_DECODER.decode(text[:i]) if _loads(text[:i]) else None), i
+                return _decode(text[:i]), i
             safe, safe_closers = i, "".join(reversed(stack))
         elif c == '"':
             end, last_whole = _string_end(text, i)
@@ -56,7 +56,7 @@ def partial_json_loads(text: str, partial_strings: bool = True) -> tuple[Any, Op
             i = end
             if not is_key:
                 safe, safe_closers = i, "".join(reversed(stack))
-            elif expect_key:
+            else:
                 expect_key[-1] = False  # the key read; its value comes next
         elif c == ",":
             if expect_key and stack[-1] == "}":
@@ -72,10 +72,7 @@ def partial_json_loads(text: str, partial_strings: bool = True) -> tuple[Any, Op
             safe, safe_closers = i, "".join(reversed(stack))
         else:  # ':' and white space
             i += 1
-    if safe_closers is None:
-        return None, None
-    candidate = text[:safe] + safe_closers
-    return (_DECODER.decode(candidate) if _loads(candidate) else None), None
+    return (None if safe_closers is None else _decode(text[:safe] + safe_closers)), None
 
 
 def _string_end(text: str, start: int) -> tuple[Optional[int], int]:
@@ -99,12 +96,12 @@ def _string_end(text: str, start: int) -> tuple[Optional[int], int]:
     return None, i
 
 
-def _loads(candidate: str) -> bool:
+def _decode(candidate: str) -> Any:
+    """The value, or None where the text is not JSON after all (a call then reads as nothing)."""
     try:
-        _DECODER.decode(candidate)
-        return True
+        return _DECODER.decode(candidate)
     except json.JSONDecodeError:
-        return False
+        return None
 
 
 def common_prefix(a: str, b: str) -> str:
