@@ -24,34 +24,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import random
 import shlex
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 
 import httpx
+from server_process import rss_mb, running_server
 
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _cached_tokens(url: str) -> int | str:
@@ -116,30 +98,11 @@ def main() -> None:
         from minisgl.tools.make_tiny_model import make_tiny_model
 
         model = str(make_tiny_model("llama", tmp.name))
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "minisgl.launch_server", "--model-path", model, "--port", str(port),
-           "--served-model-name", "tiny", "--log-level", "warning", *shlex.split(args.server_args)]  # fmt: skip
-    server = subprocess.Popen(cmd, env=env)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.5)
-        run(url, server.pid, args)
+        flags = ("--served-model-name", "tiny", *shlex.split(args.server_args))
+        with running_server(model, *flags, start_timeout=300) as (url, pid):
+            run(url, pid, args)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
         tmp.cleanup()
 
 
@@ -169,7 +132,7 @@ def run(url: str, pid: int, args) -> None:
     rss: list[tuple[float, float]] = []
     try:
         while time.monotonic() < end:
-            rss.append((time.monotonic() - start, _rss_mb(pid)))
+            rss.append((time.monotonic() - start, rss_mb(pid)))
             cached = _cached_tokens(url)
             print(f"t={rss[-1][0]:6.0f} s  RSS {rss[-1][1]:7.1f} MB  radix cache {cached:>9} tokens", flush=True)
             time.sleep(min(args.sample_seconds, max(0.0, end - time.monotonic())))
@@ -177,7 +140,7 @@ def run(url: str, pid: int, args) -> None:
         stop.set()
         for t in threads:
             t.join()
-    rss.append((time.monotonic() - start, _rss_mb(pid)))
+    rss.append((time.monotonic() - start, rss_mb(pid)))
     # The radix cache keeps finished prompts' KV; emptied, every slot must be free again.
     flushed = httpx.post(f"{url}/flush_cache", timeout=60).status_code == 200
     info = httpx.get(f"{url}/get_server_info", timeout=60).json()

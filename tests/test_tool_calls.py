@@ -16,6 +16,9 @@ import jsonschema
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from pydantic import BaseModel, Field
 
 from minisgl.entrypoints.http_server import create_app
@@ -59,20 +62,64 @@ def test_detector_reads_calls_and_text(parser):
     assert text == ("" if parser == "llama3" else "Let me check.")
 
 
+def _merge(items) -> list[tuple[int, str, str]]:
+    """A stream's call items joined per call, as OpenAI's clients join deltas: (index, name, arguments)."""
+    calls: dict[int, list] = {}
+    for item in items:
+        call = calls.setdefault(item.tool_index, [item.tool_index, None, ""])
+        assert item.name is None or call[1] is None, "a call's name is sent once"
+        call[1] = call[1] or item.name
+        call[2] += item.parameters
+    return [tuple(calls[i]) for i in sorted(calls)]
+
+
+def _stream_pieces(parser: str, reply: str, pieces) -> tuple[str, list]:
+    stream = FunctionCallParser(TOOL_MODELS, parser)
+    text, items, i = "", [], 0
+    for size in pieces:
+        normal, new = stream.parse_stream_chunk(reply[i : i + size])
+        text, items, i = text + normal, items + new, i + size
+    return text, items
+
+
 @pytest.mark.parametrize("parser", sorted(REPLIES))
 @pytest.mark.parametrize("piece", [1, 3, 7])
 def test_streamed_detector_gives_the_same_calls(parser, piece):
     reply = REPLIES[parser]
-    stream = FunctionCallParser(TOOL_MODELS, parser)
-    text, calls = "", []
-    for i in range(0, len(reply), piece):
-        normal, new = stream.parse_stream_chunk(reply[i : i + piece])
-        text, calls = text + normal, calls + new
-    assert [(c.tool_index, c.name, json.loads(c.parameters)) for c in calls] == [
-        (0, "get_weather", ARGS),
-        (1, "get_time", {}),
-    ]
+    text, items = _stream_pieces(parser, reply, [piece] * len(reply))
+    whole = FunctionCallParser(TOOL_MODELS, parser).parse_non_stream(reply)[1]
+    assert _merge(items) == [(c.tool_index, c.name, c.parameters) for c in whole]
+    assert [(i, n, json.loads(a)) for i, n, a in _merge(items)] == [(0, "get_weather", ARGS), (1, "get_time", {})]
     assert text.strip() == ("" if parser == "llama3" else "Let me check.")
+    if parser != "pythonic" and piece == 1:  # JSON calls: the arguments go out as they are written
+        assert sum(1 for item in items if item.tool_index == 0 and item.parameters) > 5
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(arguments=st.dictionaries(st.text(max_size=6), _JSON, max_size=4), cuts=st.lists(st.integers(1, 9)))
+def test_streamed_arguments_join_into_the_whole_replys(arguments, cuts):
+    """Any arguments, cut anywhere: the pieces join into exactly the non-streamed arguments
+    (nothing sent is ever taken back: numbers, escapes and surrogate pairs cut in two included)."""
+    for parser, template in [
+        ("qwen25", '<tool_call>\n{{"name": "get_weather", "arguments": {}}}\n</tool_call>'),
+        (
+            "mistral",
+            '[TOOL_CALLS] [{{"name": "get_weather", "arguments": {}}}, {{"name": "get_time", "arguments": {{}}}}]',
+        ),
+        ("llama3", '{{"name": "get_weather", "parameters": {}}}'),
+    ]:
+        for ascii_only in (False, True):
+            reply = template.format(json.dumps(arguments, ensure_ascii=ascii_only))
+            _, items = _stream_pieces(parser, reply, (cuts or [1]) * len(reply))
+            whole = FunctionCallParser(TOOL_MODELS, parser).parse_non_stream(reply)[1]
+            assert _merge(items) == [(c.tool_index, c.name, c.parameters) for c in whole]
 
 
 @pytest.mark.parametrize("parser", sorted(TOOL_CALL_PARSERS))
@@ -123,15 +170,18 @@ def _check_calls(calls, name="get_weather"):
 
 
 def _stream_calls(client, **kwargs):
-    """Accumulate a stream's tool-call deltas as the openai client's users do."""
-    calls, finish = {}, None
+    """A stream joined by the openai client's own accumulation (ChatCompletionStreamState): its
+    calls, its finish reason, and how many deltas carried a piece of a call's arguments."""
+    state, pieces = ChatCompletionStreamState(), 0
     for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True, **kwargs):
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            call = calls.setdefault(delta.index, {"id": delta.id, "name": "", "arguments": ""})
-            call["name"] += delta.function.name or ""
-            call["arguments"] += delta.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    return [calls[i] for i in sorted(calls)], finish
+        state.handle_chunk(chunk)
+        pieces += sum(1 for delta in chunk.choices[0].delta.tool_calls or [] if delta.function.arguments)
+    choice = state.get_final_completion().choices[0]
+    calls = [
+        {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+        for c in choice.message.tool_calls or []
+    ]
+    return calls, choice.finish_reason, pieces
 
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
@@ -143,9 +193,10 @@ def test_constrained_choice_makes_a_valid_call(tiny_client, no_blank_tokens, cho
     r = tiny_client.chat.completions.create(model="m", messages=MESSAGES, **kwargs)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
     _check_calls(r.choices[0].message.tool_calls)
-    calls, finish = _stream_calls(tiny_client, **kwargs)
+    # Streamed, the arguments come in pieces as they are generated, and join into the same call.
+    calls, finish, pieces = _stream_calls(tiny_client, **kwargs)
     assert finish == "tool_calls" and [c["name"] for c in calls] == ["get_weather"]
-    assert json.loads(calls[0]["arguments"]) == json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    assert calls[0]["arguments"] == r.choices[0].message.tool_calls[0].function.arguments and pieces > 3
 
 
 def test_tool_choice_none_is_text(tiny_client):
@@ -178,8 +229,9 @@ def test_auto_reads_calls_with_the_parser(tiny_client):
     r = tiny_client.chat.completions.create(model="m", messages=MESSAGES, **kwargs)
     assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
     _check_calls(r.choices[0].message.tool_calls)
-    calls, finish = _stream_calls(tiny_client, **kwargs)
+    calls, finish, pieces = _stream_calls(tiny_client, **kwargs)
     assert finish == "tool_calls" and calls[0]["arguments"] == r.choices[0].message.tool_calls[0].function.arguments
+    assert pieces > 3  # the qwen25 detector streams the arguments too
 
 
 # ---- the default model ------------------------------------------------------------------------
@@ -199,7 +251,7 @@ def test_default_model_calls_under_constraint(smollm2_client, choice):
     r = smollm2_client.chat.completions.create(model="m", messages=MESSAGES, **kwargs)
     assert r.choices[0].finish_reason == "tool_calls"
     _check_calls(r.choices[0].message.tool_calls)
-    calls, finish = _stream_calls(smollm2_client, **kwargs)
+    calls, finish, _ = _stream_calls(smollm2_client, **kwargs)
     assert finish == "tool_calls" and calls[0]["name"] == "get_weather"
     jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
 

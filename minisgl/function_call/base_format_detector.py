@@ -3,20 +3,23 @@
 Mirrors python/sglang/srt/function_call/base_format_detector.py (parse_base_json,
 detect_and_parse, parse_streaming_increment, _ends_with_partial_token). A detector
 knows where its calls start (``bot_token``) and how to read complete calls from
-text. Streaming differs from SGLang's: SGLang parses partial JSON
-(partial_json_parser) and streams each call's arguments piece by piece; minisgl holds
-back the text from the opening marker on and sends each call whole, name and
-arguments in one delta, as soon as its text is complete. OpenAI's clients accumulate
-either shape into the same call.
+text. Streamed, a call goes out as SGLang sends it: first its name (with empty
+arguments), then its arguments in pieces as they are written, each piece what two
+readings of the call so far agree on (partial_json.py), the rest when the call closes;
+OpenAI's clients join the pieces into the arguments of the whole reply. The calls of a
+JSON format are its top-level ``{...}`` objects after the marker (the markers and
+separators between them hold no brace). Differs from SGLang: one reader for every JSON
+format where SGLang's detectors each override it, and pythonic calls still go out whole.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from minisgl.function_call.core_types import StreamingParseResult, ToolCallItem
+from minisgl.function_call.partial_json import common_prefix, partial_json_loads
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +30,12 @@ class BaseFormatDetector:
     bot_token = ""  # what opens the calls ("beginning of tool")
 
     def __init__(self) -> None:
-        self._buffer = ""  # streamed text not yet sent: a possible marker, or calls not yet complete
+        self._buffer = ""  # streamed text not yet sent: a possible marker, or the calls so far
         self._in_calls = False
-        self._num_sent = 0
+        self._num_sent = 0  # calls whose name has gone out
+        self._scanned = 0  # where in the buffer the call in progress (or the next) may begin
+        self._sent_args: Optional[str] = None  # the call in progress's arguments sent so far (None: no call)
+        self._prev_args = ""  # its arguments as last read, to send only what two readings agree on
 
     def has_tool_call(self, text: str) -> bool:
         return self.bot_token in text
@@ -78,9 +84,39 @@ class BaseFormatDetector:
                 return StreamingParseResult(normal_text=normal)
             normal, self._buffer = self._buffer[:start], self._buffer[start:]
             self._in_calls = True
-        calls = self.detect_and_parse(self._buffer, tools).calls
-        new, self._num_sent = calls[self._num_sent :], len(calls)
-        return StreamingParseResult(normal_text=normal, calls=new)
+        return StreamingParseResult(normal_text=normal, calls=self.stream_calls(tools))
+
+    def stream_calls(self, tools: Sequence) -> list[ToolCallItem]:
+        """The deltas the calls in the buffer add: a name item when a call's name is known,
+        then argument pieces (SGLang's base parse_streaming_increment, cases 1 and 2)."""
+        known, items = {tool.function.name for tool in tools}, []
+        while (start := self._buffer.find("{", self._scanned)) >= 0:
+            # Until the name is out, a name cut off ("get_wea") is not read as one.
+            call, end = partial_json_loads(self._buffer[start:], partial_strings=self._sent_args is not None)
+            call = call if isinstance(call, dict) else {}
+            if self._sent_args is None:
+                name = call.get("name")
+                if end is None and name is None:
+                    break  # the name is still to come
+                if name in known:
+                    items.append(ToolCallItem(self._num_sent, name, ""))
+                    self._num_sent, self._sent_args, self._prev_args = self._num_sent + 1, "", ""
+            if self._sent_args is not None:
+                arguments = call.get("parameters", call.get("arguments", {} if end is not None else None))
+                now = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
+                # Complete: all that is left; in progress: what this reading and the last agree on
+                # (two equal readings agree on their closing brackets too, which may yet move).
+                sure = now if end is not None else self._sent_args
+                if end is None and now != self._prev_args:
+                    sure = common_prefix(self._prev_args, now)
+                if len(sure) > len(self._sent_args):
+                    items.append(ToolCallItem(self._num_sent - 1, None, sure[len(self._sent_args) :]))
+                    self._sent_args = sure
+                self._prev_args = now
+            if end is None:
+                break
+            self._scanned, self._sent_args = start + end, None  # the next call, or an unknown one skipped
+        return items
 
     def flush(self) -> str:
         """At the end of the reply: text held back as a possible marker that never became one."""

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 
 @dataclasses.dataclass
 class ToolCallItem:
-    """One call: its position among this response's calls, the function, its arguments as a JSON string."""
+    """One call: its position among this response's calls, the function, its arguments as a JSON
+    string. Streamed, a call's first item has its name and empty arguments; the next have no
+    name and the arguments' next piece."""
 
     tool_index: int
-    name: str
+    name: Optional[str]
     parameters: str
 
 

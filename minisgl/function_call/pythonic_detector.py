@@ -5,7 +5,8 @@ Mirrors python/sglang/srt/function_call/pythonic_detector.py. Format::
     [get_weather(city="Paris"), get_time(zone="CET")]
 
 The list is read with ``ast`` (its arguments are Python literals, not JSON), so a
-stream gets its calls when the list closes. Omitted: Llama 4's <|python_start|> tokens.
+stream gets its calls whole when the list closes (SGLang streams them as they parse).
+Omitted: Llama 4's <|python_start|> tokens.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class PythonicDetector(BaseFormatDetector):
                 continue
             calls.append(ToolCallItem(len(calls), name, json.dumps(arguments, ensure_ascii=False)))
         return StreamingParseResult(normal_text=normal_text, calls=calls)
+
+    def stream_calls(self, tools: Sequence) -> list[ToolCallItem]:
+        """A pythonic list is read with ``ast`` once it closes: its calls go out whole."""
+        calls = self.detect_and_parse(self._buffer, tools).calls
+        new, self._num_sent = calls[self._num_sent :], len(calls)
+        return new
 
 
 def _matching_bracket(text: str, start: int) -> int:

@@ -98,22 +98,28 @@ class ChatTools:
     async def stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
         """The chunks of deltas, with each choice's calls taken out of its text into ``tool_calls``."""
         detectors: dict[int, BaseFormatDetector] = {}
-        num_calls: dict[int, int] = {}
+        called: set[int] = set()  # the choices that made a call
         async for chunk in chunks:
             index = chunk.get("index", 0)
             detector = detectors.setdefault(index, self._detector())
             result = detector.parse_streaming_increment(chunk["text"], self.tools)
-            calls = result.calls if self.parallel else result.calls[: max(0, 1 - num_calls.get(index, 0))]
-            num_calls[index] = num_calls.get(index, 0) + len(calls)
+            # A call's name and its argument pieces share its tool_index; without parallel calls, only the first's.
+            calls = [c for c in result.calls if self.parallel or c.tool_index == 0]
+            if calls:
+                called.add(index)
             meta, text = chunk["meta_info"], result.normal_text
             if meta["finish_reason"] is not None:
                 text += detector.flush()
-                if num_calls[index]:
+                if index in called:
                     meta = {**meta, "finish_reason": _tool_calls_finish(meta["finish_reason"])}
             yield {**chunk, "text": text, "meta_info": meta, "tool_calls": [_tool_call(c) for c in calls]}
 
 
 def _tool_call(item: ToolCallItem) -> ToolCall:
+    """A call, or in a stream one delta of it: the id and name go with a call's first delta; the
+    next carry its index and an arguments piece (id and name null, as SGLang sends them)."""
+    if item.name is None:
+        return ToolCall(index=item.tool_index, function=FunctionResponse(arguments=item.parameters))
     return ToolCall(
         id=f"call_{uuid.uuid4().hex[:24]}",  # SGLang's id format
         index=item.tool_index,
