@@ -97,19 +97,26 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-pp-")
     model = args.model or str(make_tiny_model("llama", Path(tmp) / "llama8", num_hidden_layers=8))
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(10, 1000, (args.prompts, args.input_len), generator=gen).tolist()
+    # Token ids under the tiny checkpoint's vocabulary (512).
+    prompts = torch.randint(10, 500, (args.prompts, args.input_len), generator=gen).tolist()
     kw = dict(max_prefill_tokens=args.max_prefill_tokens, chunked_prefill_size=args.max_prefill_tokens)
     print(f"model {model}, {args.prompts} prompts x {args.input_len} tokens, {args.output_len} new each")
-    print(f"{'config':<14}{'wall s':>9}{'out tok/s':>11}{'vs one':>8}")
-    base = None
+    print(f"{torch.get_num_threads()} torch threads in this process")
     profile_dir = os.path.join(tmp, "profile")
-    for name, extra in [("one process", {}), ("tp 2", {"tp_size": 2}), ("pp 2", {"pp_size": 2})]:
-        elapsed, tokens = run(
-            model, prompts, args.output_len, profile_dir if "pp_size" in extra else None, **kw, **extra
-        )
-        rate = tokens / elapsed
-        base = base or rate
-        print(f"{name:<14}{elapsed:>9.2f}{rate:>11.1f}{rate / base:>8.2f}")
+    threads = torch.get_num_threads()
+    configs = [("one process", {}), ("one, 1 thread", {}), ("tp 2", {"tp_size": 2}), ("pp 2", {"pp_size": 2})]
+    rates = {}
+    for name, extra in configs:
+        # Each rank of tp 2 or pp 2 gets threads // 2 OpenMP threads (scheduler_process.py); the second
+        # one-process row runs with as few, to tell the threads' share from the parallelism's.
+        torch.set_num_threads(1 if name == "one, 1 thread" else threads)
+        profile = profile_dir if "pp_size" in extra else None
+        elapsed, tokens = run(model, prompts, args.output_len, profile, **kw, **extra)
+        rates[name] = (elapsed, tokens / elapsed)
+    best_one = max(rates["one process"][1], rates["one, 1 thread"][1])
+    print(f"{'config':<14}{'wall s':>9}{'out tok/s':>11}{'vs best one':>13}")
+    for name, (elapsed, rate) in rates.items():
+        print(f"{name:<14}{elapsed:>9.2f}{rate:>11.1f}{rate / best_one:>13.2f}")
     traces = [sorted(glob.glob(os.path.join(profile_dir, f"*-PP-{p}-TP-0.trace.json")))[-1] for p in range(2)]
     stages = [forward_ranges(t) for t in traces]
     idle, window = bubble(stages)
