@@ -36,7 +36,7 @@ def test_c6_forward_pass_id_and_output(tiny_llama):
     runner = engine.scheduler.tp_worker.model_runner
     outputs = []
     original = runner.forward
-    runner.forward = lambda fb: outputs.append(original(fb)) or outputs[-1]
+    runner.forward = lambda fb, **kw: outputs.append(original(fb, **kw)) or outputs[-1]
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
     assert runner.forward_pass_id == 3
     assert all(isinstance(o, ModelRunnerOutput) for o in outputs)

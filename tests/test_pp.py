@@ -75,8 +75,9 @@ def _assert_same(got: list[dict], expected: list[dict]) -> None:
     assert all(g["meta_info"]["cached_tokens"] > 0 for g in got[len(PROMPTS) :])
 
 
-def _assert_layout(info: dict, reference: dict, num_layers: int, pp: int, tp: int) -> None:
-    """Each rank holds its own layers: its KV pool is its share of one process's, and so (about) its weights."""
+def _assert_layout(info: dict, reference: dict, num_layers: int, pp: int, tp: int, mla: bool = False) -> None:
+    """Each rank holds its own layers: its KV pool is its share of one process's, and so (about) its weights.
+    TP splits the KV heads too, except MLA's one latent per token, which every TP rank holds whole."""
     layout = info["rank_layout"]
     print("\n".join(f"pp {r['pp_rank']} tp {r['tp_rank']}: {r}" for r in layout))  # the printed sizes
     assert [(r["pp_rank"], r["tp_rank"]) for r in layout] == [(p, t) for p in range(pp) for t in range(tp)]
@@ -84,7 +85,7 @@ def _assert_layout(info: dict, reference: dict, num_layers: int, pp: int, tp: in
     for r in layout:
         start, end = get_pp_indices(num_layers, r["pp_rank"], pp)
         assert r["layers"] == [start, end]
-        assert r["kv_pool_bytes"] == whole["kv_pool_bytes"] * (end - start) // num_layers // tp
+        assert r["kv_pool_bytes"] == whole["kv_pool_bytes"] * (end - start) // num_layers // (1 if mla else tp)
         assert r["weight_bytes"] < whole["weight_bytes"]
     assert (info["pp_size"], info["tp_size"]) == (pp, tp)
 
@@ -95,6 +96,24 @@ def test_get_pp_indices_is_sglangs_split():
     assert [get_pp_indices(4, r, 2) for r in range(2)] == [(0, 2), (2, 4)]
     with pytest.raises(ValueError, match="pp_size 3 is more than the model's 2 layers"):
         get_pp_indices(2, 0, 3)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"pp_size": 0}, "pp_size must be >= 1"),
+        ({"pp_size": 2, "disable_overlap_schedule": False}, "disable_overlap_schedule false cannot apply"),
+        ({"pp_size": 2, "nnodes": 3}, r"pp_size x tp_size \(2\) must be a multiple of nnodes \(3\)"),
+    ],
+)
+def test_pp_server_args_refused_by_name(tiny_llama, extra, message):
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model_path=tiny_llama, device="cpu", dist_init_addr="127.0.0.1:1", **extra)
+
+
+def test_more_stages_than_layers_is_refused_before_any_process_starts(tiny_llama):
+    with pytest.raises(ValueError, match="pp_size 3 is more than the model's 2 layers"):
+        Engine(model_path=tiny_llama, pp_size=3, **KW)
 
 
 def test_a_later_stage_builds_and_loads_only_its_layers(monkeypatch, tiny_llama):
@@ -155,7 +174,7 @@ def test_every_architecture_in_stages_gives_one_process_outputs(arch, layers, pp
     expected, reference = _run(path, **moe)
     got, info = _run(path, pp_size=pp, tp_size=tp, **moe)
     _assert_same(got, expected)
-    _assert_layout(info, reference, layers, pp=pp, tp=tp)
+    _assert_layout(info, reference, layers, pp=pp, tp=tp, mla=arch.startswith("deepseek"))
 
 
 @pytest.mark.slow
@@ -180,6 +199,7 @@ def test_grammars_and_aborts_in_stages(tiny_llama):
             if sched.is_idle():
                 break
         assert finished == {f"r{i}": "abort" for i in range(len(PROMPTS))}
+        assert engine.flush_cache()  # the regex request's prefix stays cached until then
         info = engine.get_server_info()
         assert info["available_kv_tokens"] == info["max_total_num_tokens"]
 

@@ -7,7 +7,7 @@ end_layer) (get_pp_indices), and a parameterless PPMissingLayer everywhere else,
 list keeps its checkpoint indices (``model.layers.7`` is still ``self.layers[7]``) while the
 stage allocates, loads and caches nothing for the layers it does not run. SGLang's make_layers
 also wraps layers for CPU offloading; omitted. SGLang keeps PPProxyTensors in
-model_executor/forward_batch_info.py:974; minisgl's models may not import model_executor
+model_executor/forward_batch_info.py:978; minisgl's models may not import model_executor
 (claim C10), so it lives here, beside the other pieces a model needs to be a stage.
 """
 
@@ -26,7 +26,7 @@ from minisgl.distributed.utils import get_pp_indices
 class PPProxyTensors:
     """The hidden states and residual after a stage's last layer, named, as the next stage receives them.
 
-    Mirrors PPProxyTensors (forward_batch_info.py:974, adapted from vLLM's IntermediateTensors).
+    Mirrors PPProxyTensors (forward_batch_info.py:978, adapted from vLLM's IntermediateTensors).
     The residual travels too because each layer's input RMSNorm fuses the residual add (SGLang's
     models/llama.py has a FIXME about the same cost). Omitted: slicing by a Python slice."""
 

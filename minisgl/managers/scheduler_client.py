@@ -24,6 +24,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any, Optional
 
 from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.utils import get_pp_indices
 from minisgl.managers.io_struct import AbortReq, ReqOutput, TokenizedGenerateReqInput
 from minisgl.managers.scheduler_process import TRACE_DIR_ENV, run_scheduler_process
 from minisgl.server_args import ServerArgs
@@ -100,8 +101,9 @@ class SchedulerClient:
         assert server_args.node_rank == 0, "only node 0 talks to rank 0"
         self.server_args = server_args = with_dist_init_addr(server_args)
         self.model_config = ModelConfig.from_server_args(server_args)
-        # Refuse an uneven split here, before any process starts.
+        # Refuse an uneven split, or more stages than layers, here, before any process starts.
         self.model_config.verify_tp_size(server_args.tp_size)
+        get_pp_indices(self.model_config.num_hidden_layers, 0, server_args.pp_size)
         self._procs, self._conn = launch_scheduler_processes(server_args)
         self._outbox: list = []  # requests not yet sent: one generate() call travels as one message
         self._outputs: list[ReqOutput] = []

@@ -66,5 +66,5 @@ class SchedulerControlMixin:
                 return None  # routing is replicated, so every rank counted the same; one writes
             return self.expert_distribution_handle(req.action, req.output_path)
         if isinstance(req, ProfileReq):
-            return handle_profile_req(req, self.tp_rank)
+            return handle_profile_req(req, self.tp_rank, self.pp_rank if self.server_args.pp_size > 1 else None)
         raise TypeError(f"unknown request {type(req).__name__}")

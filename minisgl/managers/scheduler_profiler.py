@@ -2,7 +2,8 @@
 
 Mirrors python/sglang/srt/managers/scheduler_profiler_mixin.py (start_profile, stop_profile):
 a torch.profiler run in the scheduler's own thread (or each tensor-parallel rank's process),
-written on stop as a Chrome trace (``<output_dir>/<time>-TP-<rank>.trace.json``, which
+written on stop as a Chrome trace (``<output_dir>/<time>-TP-<rank>.trace.json``, ``-PP-<stage>-TP-<rank>``
+under pipeline parallelism, which
 Perfetto and chrome://tracing open). While it runs, minisgl.tracing turns every span of
 minisgl's code (ModelRunner.forward, ...) into a ``record_function``
 range, so the trace shows the engine's own structure above the torch ops. Omitted:
@@ -36,7 +37,7 @@ def _all_threads_config() -> Optional[torch.profiler._ExperimentalConfig]:
         return None
 
 
-def handle_profile_req(req: ProfileReq, tp_rank: int) -> Optional[str]:
+def handle_profile_req(req: ProfileReq, tp_rank: int, pp_rank: Optional[int] = None) -> Optional[str]:
     """Start (returns None) or stop (returns the trace file's path) this process's profile."""
     global _running
     if req.action == "start":
@@ -48,7 +49,8 @@ def handle_profile_req(req: ProfileReq, tp_rank: int) -> Optional[str]:
             raise ValueError(f"activities must be among {sorted(_ACTIVITIES)}, got {unknown}")
         output_dir = req.output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
         os.makedirs(output_dir, exist_ok=True)
-        path = os.path.join(output_dir, f"{time.time():.0f}-TP-{tp_rank}.trace.json")
+        rank = f"TP-{tp_rank}" if pp_rank is None else f"PP-{pp_rank}-TP-{tp_rank}"
+        path = os.path.join(output_dir, f"{time.time():.0f}-{rank}.trace.json")
         profile = torch.profiler.profile(
             activities=[_ACTIVITIES[a] for a in activities], experimental_config=_all_threads_config()
         )

@@ -163,7 +163,7 @@ class TpModelWorker:
         """ForwardBatch.init_new -> forward -> (verify: stop) -> sample (claim C8). A pipeline stage
         before the last stops after its layers and returns their tensors (SGLang's tp_worker.py:511)."""
         forward_batch = ForwardBatch.init_new(model_worker_batch, self._model_runner)
-        out = self._model_runner.forward(forward_batch, pp_proxy_tensors)
+        out = self._model_runner.forward(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
         if self.pp_rank < self.pp_size - 1:
             return GenerationBatchResult(None, None, pp_hidden_states_proxy_tensors=out.logits_output)
         if is_verify:

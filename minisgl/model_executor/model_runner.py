@@ -108,8 +108,6 @@ class ModelRunner:
             is_multimodal=self.is_multimodal,
             page_size=self.page_size,
             attention_backend=server_args.attention_backend,
-            pp_rank=pp_rank,
-            layers=[self.start_layer, self.end_layer],
         )
         if not self.is_generation:
             raise ValueError(f"{model_config.architectures} is not a generation model")

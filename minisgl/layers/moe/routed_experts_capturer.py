@@ -7,7 +7,8 @@ buffer; at the end of the forward the rows are copied to a host buffer at the
 tokens' KV slots (``out_cache_loc``). A token's slot lives exactly as long as
 its KV, so when a request finishes its experts are read back through
 ``req_to_token``, prompt and generated tokens alike, whatever batches they
-ran in. Layers without experts (a dense layer among MoE ones) read -1.
+ran in. Layers without experts (a dense layer among MoE ones) read -1, and so
+do, on a pipeline stage, the layers of other stages (TpModelWorker merges them).
 When the feature is off the no-op capturer does no copy at all.
 """
 
@@ -42,8 +43,9 @@ class _RoutedExpertsCapturerReal(RoutedExpertsCapturer):
         self.num_layers = num_layers
         self.top_k = top_k
         self.device = device
-        # One row per KV slot (slot 0 is the pool's dummy), like the KV pool itself.
-        self.host_buffer = torch.zeros(num_slots, num_layers, top_k, dtype=torch.int32)
+        # One row per KV slot (slot 0 is the pool's dummy), like the KV pool itself. -1 until written:
+        # a pipeline stage without MoE layers never writes, and its rows must read "no expert".
+        self.host_buffer = torch.full((num_slots, num_layers, top_k), -1, dtype=torch.int32)
         self._device_rows: dict[int, torch.Tensor] = {}
 
     def capture(self, layer_id: int, topk_ids: torch.Tensor) -> None:
