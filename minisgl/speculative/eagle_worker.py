@@ -215,7 +215,6 @@ class EAGLEWorker(TpModelWorker):
         )
         if topk == 1:
             tree["custom_mask"] = None  # a chain: the causal mask already is its tree mask
-        tracing.point("EAGLEWorker.draft.tree", parents=tree["parents"].tolist(), tokens=tree["draft_token"].tolist())
         return EagleVerifyInput(**tree, num_draft_tokens=self.speculative_num_draft_tokens)
 
     def draft_forward(self, i, batch: ModelWorkerBatch, input_ids, hidden_states, paths, prefix_lens, slots):
@@ -258,6 +257,9 @@ class EAGLEWorker(TpModelWorker):
             spec_info=spec_info,
         )
         with tracing.span("EAGLEWorker.verify"):
+            tracing.point(
+                "EAGLEWorker.verify.tree", parents=spec_info.parents.tolist(), tokens=spec_info.draft_token.tolist()
+            )
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()
             paths, emitted = spec_info.verify(logits, model_worker_batch.sampling_info)
