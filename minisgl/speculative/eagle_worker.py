@@ -47,7 +47,7 @@ from minisgl.speculative.eagle_utils import (
     select_top_k_tokens,
 )
 from minisgl.speculative.spec_info import SpeculativeAlgorithm
-from minisgl.speculative.spec_utils import plain_batch, release_kv
+from minisgl.speculative.spec_utils import DraftTpModelWorker, plain_batch, release_kv
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
@@ -56,27 +56,20 @@ if TYPE_CHECKING:
 _HEADS = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
 
 
-class EAGLEWorker(TpModelWorker):
+class EAGLEWorker(DraftTpModelWorker):
     """The draft TpModelWorker of an EAGLE head, and the draft-verify loop around both workers."""
 
     def __init__(self, server_args: ServerArgs, tp_rank: int, target_worker: TpModelWorker) -> None:
-        self.target_worker = target_worker
         self.speculative_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.speculative_num_steps = server_args.speculative_num_steps
         self.topk = server_args.speculative_eagle_topk
         self.speculative_num_draft_tokens = server_args.speculative_num_draft_tokens
         self.num_slots_per_round = server_args.speculative_num_slots_per_round()
-        attrs = dict(num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.num_slots_per_round)
+        attrs = dict(
+            num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens
+        )
         with tracing.span("EAGLEWorker.__init__", algorithm=server_args.speculative_algorithm, **attrs):
-            req_to_token_pool, token_to_kv_pool_allocator = target_worker.get_memory_pool()
-            super().__init__(
-                server_args,
-                tp_rank=tp_rank,
-                is_draft_worker=True,
-                req_to_token_pool=req_to_token_pool,
-                token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-            )
-            self.req_to_token_pool, self.token_to_kv_pool_allocator = req_to_token_pool, token_to_kv_pool_allocator
+            super().__init__(server_args, tp_rank, target_worker)
             self.hot_token_id = self.share_embed_and_head(server_args.speculative_token_map)
             if self.speculative_algorithm.is_eagle3():
                 eagle_config = getattr(self.model_config.hf_config, "eagle_config", None) or {}
