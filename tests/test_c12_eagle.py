@@ -208,7 +208,7 @@ def test_eagle_multi_layer_runner_list(tmp_path_factory):
 def test_eagle_draft_shares_the_targets_embedding_and_head(tmp_path_factory):
     engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), CHAIN)
     worker = engine.scheduler.draft_worker
-    assert isinstance(worker, EAGLEWorker) and worker.draft_runner(2) is worker.model_runner
+    assert isinstance(worker, EAGLEWorker) and worker.is_draft_worker
     target, draft = worker.target_worker.model_runner.model, worker.model_runner.model
     assert draft.model.embed_tokens is target.model.embed_tokens and draft.lm_head is target.lm_head
     assert worker.get_memory_pool() == worker.target_worker.get_memory_pool()

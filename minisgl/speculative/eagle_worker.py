@@ -113,10 +113,6 @@ class EAGLEWorker(DraftTpModelWorker):
     def draft_models(self) -> list:
         return [self.model_runner.model]
 
-    def draft_runner(self, step: int) -> "ModelRunner":
-        """The runner of draft step `step`: one for all (multi_layer_eagle_worker.py: one each)."""
-        return self.model_runner
-
     # ---- the round -----------------------------------------------------------------------
 
     def forward_batch_generation(self, batch: "ScheduleBatch") -> GenerationBatchResult:
@@ -150,12 +146,12 @@ class EAGLEWorker(DraftTpModelWorker):
         batch = dataclasses.replace(
             batch, capture_hidden_mode=CaptureHiddenMode.LAST, spec_info=EagleDraftInput(hidden_states=hidden_states)
         )
-        out = self.run_draft_extend(batch)
+        return self.run_draft_extend(batch)
+
+    def run_draft_extend(self, batch: ModelWorkerBatch) -> EagleDraftInput:
+        out = self._forward(self.model_runner, batch)
         topk_p, topk_index = self.draft_topk(out)
         return EagleDraftInput(hidden_states=out.hidden_states, topk_p=topk_p, topk_index=topk_index)
-
-    def run_draft_extend(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
-        return self._forward(self.model_runner, batch)
 
     @staticmethod
     def _forward(runner: "ModelRunner", batch: ModelWorkerBatch) -> LogitsProcessorOutput:
@@ -226,7 +222,7 @@ class EAGLEWorker(DraftTpModelWorker):
             slots[:, i * topk : (i + 1) * topk].flatten(),
             EagleDraftInput(hidden_states=hidden_states, positions=positions, custom_mask=mask),
         )
-        return self._forward(self.draft_runner(i), step)
+        return self._forward(self.model_runner, step)
 
     # ---- verify ----------------------------------------------------------------------------
 
