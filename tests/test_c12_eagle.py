@@ -155,7 +155,8 @@ def test_eagle_radix_cache_chunked_prefill_and_stops(tmp_path_factory):
     # and max_new_tokens fall inside accepted runs (the oracle makes runs of 3).
     prompts = [list(range(3, 23)), list(range(3, 23)) + [40, 41], [9, 10]]
     first = _plain("llama", prompts)
-    params = {"temperature": 0, "max_new_tokens": 14, "stop_token_ids": [first[0][5]]}
+    # Request 2's second token stops it only once min_new_tokens allows: a tree node's mask is its depth's.
+    params = {"temperature": 0, "max_new_tokens": 14, "min_new_tokens": 3, "stop_token_ids": [first[0][5], first[2][1]]}
     engine, results = _check("llama", "EAGLE", TREE, tmp_path_factory, prompts, params, depth=3, chunked_prefill_size=8)
     assert results[0]["meta_info"]["finish_reason"]["type"] == "stop"
     assert engine.scheduler.num_cached_tokens > 0
