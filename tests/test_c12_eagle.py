@@ -2,12 +2,12 @@
 the target verifies it in one TARGET_VERIFY forward with the tree's mask, and greedy output is
 token for token the target's, on every architecture, with every slot a round takes given back.
 
-A random head (minisgl.tools.make_eagle_head) drafts badly, so most tests also wrap the
-worker's draft() in an oracle that writes the target's true continuation along one path of the
-tree (the last child at each level, not the first drafted): verify then accepts several tokens
-per round through non-contiguous nodes, and everything downstream (the accept walk, moving the
-accepted slots, freeing the rest, the draft extend) runs on real acceptances. The target's own
-verification is untouched, so the output must still be the target's."""
+A random head (minisgl.tools.make_eagle_head) drafts badly, so most tests also plant the
+target's true continuation along one branch of each tree (minisgl.tools.eagle_oracle): verify
+then accepts several tokens per round through non-contiguous nodes, and everything downstream
+(the accept walk, moving the accepted slots, freeing the rest, the draft extend) runs on real
+acceptances. The target's own verification is untouched, so the output must still be the
+target's."""
 
 import json
 import shutil
@@ -20,9 +20,11 @@ from minisgl.server_args import ServerArgs
 from minisgl.speculative.eagle_utils import accept_walk, build_tree_kernel_efficient
 from minisgl.speculative.eagle_worker import EAGLEWorker
 from minisgl.speculative.multi_layer_eagle_worker import MultiLayerEagleWorker
+from minisgl.tools.eagle_oracle import plant_oracle
 from minisgl.tools.make_eagle_head import make_eagle_head
 from minisgl.tools.make_tiny_model import ARCHS
 from tests._models import tiny_model_dir
+from tests._traces import children, fresh_and_golden
 
 KW = dict(max_total_tokens=512, max_running_requests=8, device="cpu", attention_backend="torch_native")
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
@@ -61,24 +63,12 @@ def _eagle(arch, algorithm, head, shape, **kwargs) -> Engine:
 
 
 def _with_oracle(engine: Engine, expected: dict[tuple, list[int]], depth: int = 2) -> dict:
-    """Make the draft right for `depth` levels along the last child at each level, and check the
-    allocator after every round: with no radix cache, the used slots are the requests' KV."""
+    """plant_oracle, and the allocator checked after every round: with no radix cache, the used
+    slots are exactly the requests' KV (every rejected node's slot was given back)."""
     worker, scheduler = engine.scheduler.draft_worker, engine.scheduler
-    draft, verify, rounds = worker.draft, worker.verify, {"n": 0}
+    plant_oracle(worker, expected, depth)
+    verify, rounds = worker.verify, {"n": 0}
     total = scheduler.worker_info.max_total_num_tokens
-
-    def oracle_draft(batch, model_worker_batch):
-        spec = draft(batch, model_worker_batch)
-        tokens = spec.draft_token.view(len(batch.reqs), -1)
-        for b, req in enumerate(batch.reqs):
-            truth, node = expected[tuple(req.origin_input_ids)][len(req.output_ids) :], 0
-            for token in truth[:depth]:
-                children = (spec.parents[b] == node).nonzero().flatten().tolist()
-                if not children:
-                    break
-                node = children[-1]
-                tokens[b, node] = token
-        return spec
 
     def checked_verify(batch, model_worker_batch, spec_info):
         result = verify(batch, model_worker_batch, spec_info)
@@ -87,7 +77,7 @@ def _with_oracle(engine: Engine, expected: dict[tuple, list[int]], depth: int = 
         rounds["n"] += 1
         return result
 
-    worker.draft, worker.verify = oracle_draft, checked_verify
+    worker.verify = checked_verify
     return rounds
 
 
@@ -165,7 +155,8 @@ def test_eagle_radix_cache_chunked_prefill_and_stops(tmp_path_factory):
     # and max_new_tokens fall inside accepted runs (the oracle makes runs of 3).
     prompts = [list(range(3, 23)), list(range(3, 23)) + [40, 41], [9, 10]]
     first = _plain("llama", prompts)
-    params = {"temperature": 0, "max_new_tokens": 14, "stop_token_ids": [first[0][5]]}
+    # Request 2's second token stops it only once min_new_tokens allows: a tree node's mask is its depth's.
+    params = {"temperature": 0, "max_new_tokens": 14, "min_new_tokens": 3, "stop_token_ids": [first[0][5], first[2][1]]}
     engine, results = _check("llama", "EAGLE", TREE, tmp_path_factory, prompts, params, depth=3, chunked_prefill_size=8)
     assert results[0]["meta_info"]["finish_reason"]["type"] == "stop"
     assert engine.scheduler.num_cached_tokens > 0
@@ -218,7 +209,7 @@ def test_eagle_multi_layer_runner_list(tmp_path_factory):
 def test_eagle_draft_shares_the_targets_embedding_and_head(tmp_path_factory):
     engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), CHAIN)
     worker = engine.scheduler.draft_worker
-    assert isinstance(worker, EAGLEWorker) and worker.draft_runner(2) is worker.model_runner
+    assert isinstance(worker, EAGLEWorker) and worker.is_draft_worker
     target, draft = worker.target_worker.model_runner.model, worker.model_runner.model
     assert draft.model.embed_tokens is target.model.embed_tokens and draft.lm_head is target.lm_head
     assert worker.get_memory_pool() == worker.target_worker.get_memory_pool()
@@ -252,6 +243,28 @@ def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
     )
     # SGLang's auto_choose_speculative_params for a Llama target.
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (5, 4, 8)
+
+
+def test_eagle_golden_trace_matches():
+    fresh, golden = fresh_and_golden("eagle_decoding")
+    assert fresh == golden, "EAGLE trace changed: review, then python -m minisgl.tools.refresh_traces eagle_decoding"
+
+
+def test_eagle_round_is_draft_verify_draft_extend():
+    events = fresh_and_golden("eagle_decoding")[0]
+    modes = [e["forward_mode"] for e in events if e["event"] == "ModelRunner.forward" and e["phase"] == "begin"]
+    # Prefill: target, then the draft over the same positions. A round: steps - 1 = 2 draft
+    # forwards, one verify, one draft extend over what was accepted.
+    assert modes[:2] == ["EXTEND", "DRAFT_EXTEND"]
+    assert modes[2:6] == ["DRAFT_EXTEND", "DRAFT_EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND"]
+    for verify in children(events, "EAGLEWorker.verify"):
+        tree = next(e for e in verify if e["event"] == "EAGLEWorker.verify.tree")
+        accepted = next(e for e in verify if e["event"] == "EAGLEWorker.verify.accepted")
+        (path,) = accepted["accepted_nodes"]
+        parents = tree["parents"][0]
+        assert path[0] == 0 and all(parents[child] == parent for parent, child in zip(path, path[1:]))
+        assert accepted["freed_slots"] == 4 - len(path)  # 4 slots a round: t0 and 3 nodes
+    assert any(len(e["accepted_nodes"][0]) > 1 for e in events if e["event"] == "EAGLEWorker.verify.accepted")
 
 
 @pytest.mark.slow

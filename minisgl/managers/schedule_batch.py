@@ -124,11 +124,9 @@ class Req:
         self.hidden_states: list[list[float]] = []
         self.routed_experts: Optional[torch.Tensor] = None
         self.total_retractions = 0  # SGLang's name for how often it was retracted
-        # Speculative decoding: verify rounds run, and draft tokens the target accepted.
-        self.spec_verify_ct = 0
-        self.spec_accepted_tokens = 0
-        # EAGLE: the draft's state for the next round (speculative/eagle_info.py, EagleDraftInput.for_req)
-        self.eagle_draft_state: Optional[Any] = None
+        # Speculative decoding: verify rounds run, draft tokens the target accepted, and EAGLE's draft
+        # state for the next round (speculative/eagle_info.py, EagleDraftInput.store).
+        self.spec_verify_ct, self.spec_accepted_tokens, self.eagle_draft_state = 0, 0, None
 
     @property
     def seqlen(self) -> int:
@@ -215,8 +213,7 @@ class ModelWorkerBatch:
     extend_seq_lens: Optional[list[int]] = None
     extend_prefix_lens: Optional[list[int]] = None
     extend_logprob_start_lens: Optional[list[int]] = None
-    # Speculative decoding: what the round hands the forward (EAGLE's EagleDraftInput or EagleVerifyInput)
-    spec_info: Optional[Any] = None
+    spec_info: Optional[Any] = None  # what an EAGLE round hands the forward (speculative/eagle_info.py)
 
 
 class ScheduleBatch:

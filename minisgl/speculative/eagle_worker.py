@@ -47,7 +47,7 @@ from minisgl.speculative.eagle_utils import (
     select_top_k_tokens,
 )
 from minisgl.speculative.spec_info import SpeculativeAlgorithm
-from minisgl.speculative.spec_utils import plain_batch, release_kv
+from minisgl.speculative.spec_utils import DraftTpModelWorker, plain_batch, release_kv
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
@@ -56,27 +56,20 @@ if TYPE_CHECKING:
 _HEADS = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
 
 
-class EAGLEWorker(TpModelWorker):
+class EAGLEWorker(DraftTpModelWorker):
     """The draft TpModelWorker of an EAGLE head, and the draft-verify loop around both workers."""
 
     def __init__(self, server_args: ServerArgs, tp_rank: int, target_worker: TpModelWorker) -> None:
-        self.target_worker = target_worker
         self.speculative_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.speculative_num_steps = server_args.speculative_num_steps
         self.topk = server_args.speculative_eagle_topk
         self.speculative_num_draft_tokens = server_args.speculative_num_draft_tokens
         self.num_slots_per_round = server_args.speculative_num_slots_per_round()
-        attrs = dict(num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.num_slots_per_round)
+        attrs = dict(
+            num_steps=self.speculative_num_steps, topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens
+        )
         with tracing.span("EAGLEWorker.__init__", algorithm=server_args.speculative_algorithm, **attrs):
-            req_to_token_pool, token_to_kv_pool_allocator = target_worker.get_memory_pool()
-            super().__init__(
-                server_args,
-                tp_rank=tp_rank,
-                is_draft_worker=True,
-                req_to_token_pool=req_to_token_pool,
-                token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-            )
-            self.req_to_token_pool, self.token_to_kv_pool_allocator = req_to_token_pool, token_to_kv_pool_allocator
+            super().__init__(server_args, tp_rank, target_worker)
             self.hot_token_id = self.share_embed_and_head(server_args.speculative_token_map)
             if self.speculative_algorithm.is_eagle3():
                 eagle_config = getattr(self.model_config.hf_config, "eagle_config", None) or {}
@@ -120,10 +113,6 @@ class EAGLEWorker(TpModelWorker):
     def draft_models(self) -> list:
         return [self.model_runner.model]
 
-    def draft_runner(self, step: int) -> "ModelRunner":
-        """The runner of draft step `step`: one for all (multi_layer_eagle_worker.py: one each)."""
-        return self.model_runner
-
     # ---- the round -----------------------------------------------------------------------
 
     def forward_batch_generation(self, batch: "ScheduleBatch") -> GenerationBatchResult:
@@ -157,12 +146,12 @@ class EAGLEWorker(TpModelWorker):
         batch = dataclasses.replace(
             batch, capture_hidden_mode=CaptureHiddenMode.LAST, spec_info=EagleDraftInput(hidden_states=hidden_states)
         )
-        out = self.run_draft_extend(batch)
+        return self.run_draft_extend(batch)
+
+    def run_draft_extend(self, batch: ModelWorkerBatch) -> EagleDraftInput:
+        out = self._forward(self.model_runner, batch)
         topk_p, topk_index = self.draft_topk(out)
         return EagleDraftInput(hidden_states=out.hidden_states, topk_p=topk_p, topk_index=topk_index)
-
-    def run_draft_extend(self, batch: ModelWorkerBatch) -> LogitsProcessorOutput:
-        return self._forward(self.model_runner, batch)
 
     @staticmethod
     def _forward(runner: "ModelRunner", batch: ModelWorkerBatch) -> LogitsProcessorOutput:
@@ -215,7 +204,6 @@ class EAGLEWorker(TpModelWorker):
         )
         if topk == 1:
             tree["custom_mask"] = None  # a chain: the causal mask already is its tree mask
-        tracing.point("EAGLEWorker.draft.tree", parents=tree["parents"].tolist(), tokens=tree["draft_token"].tolist())
         return EagleVerifyInput(**tree, num_draft_tokens=self.speculative_num_draft_tokens)
 
     def draft_forward(self, i, batch: ModelWorkerBatch, input_ids, hidden_states, paths, prefix_lens, slots):
@@ -234,7 +222,7 @@ class EAGLEWorker(TpModelWorker):
             slots[:, i * topk : (i + 1) * topk].flatten(),
             EagleDraftInput(hidden_states=hidden_states, positions=positions, custom_mask=mask),
         )
-        return self._forward(self.draft_runner(i), step)
+        return self._forward(self.model_runner, step)
 
     # ---- verify ----------------------------------------------------------------------------
 
@@ -258,6 +246,9 @@ class EAGLEWorker(TpModelWorker):
             spec_info=spec_info,
         )
         with tracing.span("EAGLEWorker.verify"):
+            tracing.point(
+                "EAGLEWorker.verify.tree", parents=spec_info.parents.tolist(), tokens=spec_info.draft_token.tolist()
+            )
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()
             paths, emitted = spec_info.verify(logits, model_worker_batch.sampling_info)

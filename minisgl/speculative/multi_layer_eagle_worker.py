@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.managers.schedule_batch import ModelWorkerBatch
-from minisgl.model_executor.forward_batch_info import CaptureHiddenMode
 from minisgl.model_executor.model_runner import ModelRunner
 from minisgl.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
 from minisgl.speculative.eagle_utils import build_tree_kernel_efficient
@@ -58,11 +57,8 @@ class MultiLayerEagleWorker(EAGLEWorker):
     def mtp_model_runner(self, step: int) -> ModelRunner:
         return self.model_runner_list[step]
 
-    def forward_draft_extend(self, batch: ModelWorkerBatch, hidden_states: torch.Tensor) -> EagleDraftInput:
+    def run_draft_extend(self, batch: ModelWorkerBatch) -> EagleDraftInput:
         """Every runner extends the verified positions; runner k's last top-1 is draft step k."""
-        batch = dataclasses.replace(
-            batch, capture_hidden_mode=CaptureHiddenMode.LAST, spec_info=EagleDraftInput(hidden_states=hidden_states)
-        )
         input_ids, topk_p, topk_index = list(batch.input_ids), [], []
         for step in range(self.speculative_num_steps):
             out = self._forward(self.mtp_model_runner(step), dataclasses.replace(batch, input_ids=input_ids))

@@ -1,8 +1,9 @@
-"""Helpers every speculative worker shares: forwards without side outputs, the sampling
-distribution, and giving back the KV slots a round did not keep.
+"""What every speculative worker shares: being a draft TpModelWorker on the target's pools,
+forwards without side outputs, the sampling distribution, and giving back the KV slots a
+round did not keep.
 
 Mirrors the small helpers of python/sglang/srt/speculative/spec_utils.py; StandaloneWorker
-(standalone_worker.py) and EAGLEWorker (eagle_worker.py) both import them.
+(standalone_worker.py) and EAGLEWorker (eagle_worker.py) both build on them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.layers.sampler import top_k_top_p_min_p_renorm
+from minisgl.managers.tp_worker import TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode
 
 if TYPE_CHECKING:
@@ -20,6 +22,25 @@ if TYPE_CHECKING:
     from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
     from minisgl.mem_cache.memory_pool import ReqToTokenPool
     from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
+    from minisgl.server_args import ServerArgs
+
+
+class DraftTpModelWorker(TpModelWorker):
+    """A TpModelWorker(is_draft_worker=True) on the target's req_to_token_pool and allocator,
+    from get_memory_pool() (claim C12): one slot indexes both models' KV pools. SGLang's
+    StandaloneWorker and EAGLEWorker each pass the pools to TpModelWorker.__init__ themselves."""
+
+    def __init__(self, server_args: "ServerArgs", tp_rank: int, target_worker: TpModelWorker) -> None:
+        self.target_worker = target_worker
+        req_to_token_pool, token_to_kv_pool_allocator = target_worker.get_memory_pool()
+        super().__init__(
+            server_args,
+            tp_rank=tp_rank,
+            is_draft_worker=True,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = req_to_token_pool, token_to_kv_pool_allocator
 
 
 def plain_batch(batch: "ModelWorkerBatch", **changes) -> "ModelWorkerBatch":

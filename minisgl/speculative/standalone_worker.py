@@ -41,29 +41,20 @@ from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 from minisgl.server_args import ServerArgs
-from minisgl.speculative.spec_utils import plain_batch, release_kv, sampling_probs
+from minisgl.speculative.spec_utils import DraftTpModelWorker, plain_batch, release_kv, sampling_probs
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
 
 
-class StandaloneWorker(TpModelWorker):
+class StandaloneWorker(DraftTpModelWorker):
     """The draft TpModelWorker, and the draft-verify loop around it and the target worker."""
 
     def __init__(self, server_args: ServerArgs, tp_rank: int, target_worker: TpModelWorker) -> None:
-        self.target_worker = target_worker
         self.speculative_num_steps = server_args.speculative_num_steps
         self.speculative_num_draft_tokens = server_args.speculative_num_draft_tokens
         with tracing.span("StandaloneWorker.__init__", num_steps=self.speculative_num_steps):
-            req_to_token_pool, token_to_kv_pool_allocator = target_worker.get_memory_pool()
-            super().__init__(
-                server_args,
-                tp_rank=tp_rank,
-                is_draft_worker=True,
-                req_to_token_pool=req_to_token_pool,
-                token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-            )
-        self.req_to_token_pool, self.token_to_kv_pool_allocator = self.get_memory_pool()
+            super().__init__(server_args, tp_rank, target_worker)
         draft, target = self.model_config, target_worker.model_config
         if draft.vocab_size != target.vocab_size:
             raise ValueError(f"the draft's vocabulary ({draft.vocab_size}) is not the target's ({target.vocab_size})")

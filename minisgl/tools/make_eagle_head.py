@@ -4,8 +4,9 @@
 
 The head fits the target (hidden size, vocabulary, positions) and loads with
 --speculative-draft-model-path; its weights are random, so it drafts badly and every
-output is still the target's: what the tests and the golden trace need. A trained head
-comes from minisgl.tools.train_eagle. The format: EAGLE_FORMAT in docs/chapters/tp-worker.md.
+output is still the target's: what the tests and the golden trace need. The format is
+SGLang's: config.json and model.safetensors with the names minisgl/models/llama_eagle.py and
+llama_eagle3.py load (no embedding, and for EAGLE no LM head: the target's are shared).
 """
 
 from __future__ import annotations

@@ -213,6 +213,33 @@ def speculative_decoding(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep)]
 
 
+def eagle_decoding(workdir: str) -> list[dict]:
+    """C12 with an EAGLE head: the prefill's target extend and draft extend, then rounds of two
+    draft forwards (a tree of top-2 per step), one TARGET_VERIFY of t0 and the 3 best nodes,
+    and the draft extend over what was accepted. The head is random, so the scenario plants the
+    target's next tokens along one branch (tools/eagle_oracle.py) and verify accepts a path."""
+    from minisgl.tools.eagle_oracle import plant_oracle
+    from minisgl.tools.make_eagle_head import make_eagle_head
+
+    target = _tiny("llama", workdir)
+    head = str(make_eagle_head(target, Path(workdir) / "head", "EAGLE"))
+    params = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+    expected = _engine(target).generate(input_ids=PROMPTS[:1], sampling_params=params)[0]["output_ids"]
+    with tracing.record() as events:
+        engine = _engine(
+            target,
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=head,
+            speculative_num_steps=3,
+            speculative_eagle_topk=2,
+            speculative_num_draft_tokens=4,
+        )
+        plant_oracle(engine.scheduler.draft_worker, {tuple(PROMPTS[0]): expected}, depth=2)
+        engine.generate(input_ids=PROMPTS[0], sampling_params=params)
+    keep = ("EAGLEWorker", "TpModelWorker.__init__", "ModelRunner.forward", "Scheduler.get_next_batch_to_run")
+    return [e for e in events if e["event"].startswith(keep)]
+
+
 def mla_personality(workdir: str) -> list[dict]:
     """use_mla_backend on a tiny DeepSeek-V3: the latent pool, then expanded prefill and absorbed decode."""
     with tracing.record() as events:
@@ -247,6 +274,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "side_outputs": side_outputs,
     "tensor_parallel": tensor_parallel,
     "speculative_decoding": speculative_decoding,
+    "eagle_decoding": eagle_decoding,
     "mla_personality": mla_personality,
     "overlap_schedule": overlap_schedule,
 }

@@ -13,7 +13,8 @@ As in SGLang, the kernels also store the new tokens' K/V in the pool (the other 
 ``set_kv_buffer`` first). SGLang's kernels also split long sequences across threads and use
 AMX tiles; omitted.
 
-MLA models (DeepSeek) run through the torch_native path instead, which this class inherits:
+An extend with an EAGLE tree's custom mask also runs the inherited torch_native path: the C++
+extend kernel knows only the causal mask. MLA models (DeepSeek) run through it too:
 the kernels keep one head's row in registers up to kMaxHeadDim = 256 values, and MLA's
 absorbed key is kv_lora_rank + qk_rope_head_dim wide (576 on DeepSeek-V3), its value a
 view into the same row; and the kernels store K and V rows of their own shape, where the

@@ -13,7 +13,8 @@ As in the Triton backend, extend reads the cached prefix from the pool and the
 new tokens' K/V from its arguments, so a caller may attend over K/V the pool does
 not hold (MLA's forward_normal, whose pool holds latents: mla_attention.py).
 MLA's absorbed attention is a one-KV-head GQA with values narrower than keys,
-which both modes run as they are.
+which both modes run as they are. An EAGLE tree (speculative/eagle_utils.py) replaces the
+causal mask of an extend with ``spec_info.custom_mask``, as SGLang's backends take it.
 """
 
 from __future__ import annotations
