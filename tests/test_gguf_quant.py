@@ -154,3 +154,12 @@ def test_smollm2_from_its_gguf_file_matches_the_float_conversion():
     finally:
         quant.shutdown()
         ref.shutdown()
+
+
+def test_gguf_on_a_folder_without_a_gguf_file_is_refused():
+    from minisgl.configs.model_config import ModelConfig
+    from minisgl.model_loader.loader import get_quant_config
+    from tests._models import tiny_model_dir
+
+    with pytest.raises(ValueError, match="quantization='gguf' reads a .gguf file"):
+        get_quant_config(ModelConfig(tiny_model_dir("llama"), quantization="gguf"))
