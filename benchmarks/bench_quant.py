@@ -2,12 +2,16 @@
 
     python benchmarks/bench_quant.py                                        # 64 requests, as bench_offline
     python benchmarks/bench_quant.py --num-requests 16 --max-output 32      # quicker
+    python benchmarks/bench_quant.py --variants float32,float32:gguf --num-requests 1 \
+        --min-output 128 --max-output 128                                   # batch-1 decode
 
 Each variant (dtype, --quantization) runs minisgl's offline Engine in its own process, one after
 the other, on the same workload (benchmarks/workload.py: random prompt ids, greedy, EOS ignored):
 tokens/s, startup, peak RSS, the ratio against the bfloat16 run, and how many requests produced
 exactly the float32 run's greedy tokens. w8a8_int8 quantizes the float checkpoint while loading
-(layers/quantization/w8a8_int8.py); its activations run in the variant's dtype. On a shared
+(layers/quantization/w8a8_int8.py); its activations run in the variant's dtype. gguf runs the
+model from its shipped GGUF file's blocks (layers/quantization/gguf.py): no float copy of the
+weights on disk or in memory, activations in the variant's dtype. On a shared
 machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun.
 """
 
@@ -26,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from offline_engines import peak_rss_mb  # noqa: E402
 from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 
-VARIANTS = ["float32", "bfloat16", "float32:w8a8_int8", "bfloat16:w8a8_int8"]
+VARIANTS = ["float32", "bfloat16", "float32:w8a8_int8", "bfloat16:w8a8_int8", "float32:gguf", "bfloat16:gguf"]
 WORKLOAD_ARGS = ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed")
 
 

@@ -5,6 +5,8 @@ for the model, the float32 conversion of the same file (transformers dequantizes
 q/k permutation), which is what the HF-parity tests check against transformers.
 """
 
+import pathlib
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,44 @@ def test_unsupported_block_type_is_refused_by_name(tmp_path):
     )
     with pytest.raises(NotImplementedError, match="blk.0.attn_q.weight: GGUF type Q5_0 is not supported"):
         next(gguf_quant_weights_iterator(str(path), config, torch.float32))
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_gguf_file_matches_the_float_conversion():
+    """The shipped Q4_1 file served as it is, against its float32 conversion.
+
+    Both run the very same weights (the conversion is the dequantized blocks), so the only
+    difference is float32 summation order in the GEMMs: greedy tokens must be equal and logits
+    within 1e-3 (measured: about 6e-5 on logits of magnitude ~30)."""
+    from minisgl.entrypoints.engine import Engine
+    from minisgl.model_loader.gguf import bundled_gguf_path
+    from minisgl.tools.quant_accuracy import last_position_logits
+    from tests._models import smollm2_dir
+
+    quant = Engine(model_path=str(bundled_gguf_path()), max_total_tokens=2048)
+    ref = Engine(model_path=smollm2_dir(), max_total_tokens=2048)
+    try:
+        folder = quant.server_args.model_path
+        assert not list(pathlib.Path(folder).glob("*.safetensors"))  # no float copy on disk
+        model = quant.scheduler.tp_worker.model_runner.model
+        assert all(p.dim() == 1 for p in model.parameters() if p.is_floating_point())  # nor in memory: norms only
+        ids = quant.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
+        params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+        outs = [e.generate(input_ids=[ids], sampling_params=params)[0]["output_ids"] for e in (quant, ref)]
+        assert outs[0] == outs[1]
+        prompts = [ids, ids[:5]]
+        torch.testing.assert_close(
+            last_position_logits(quant, prompts), last_position_logits(ref, prompts), rtol=0, atol=1e-3
+        )
+    finally:
+        quant.shutdown()
+        ref.shutdown()
+
+
+def test_gguf_on_a_folder_without_a_gguf_file_is_refused():
+    from minisgl.configs.model_config import ModelConfig
+    from minisgl.model_loader.loader import get_quant_config
+    from tests._models import tiny_model_dir
+
+    with pytest.raises(ValueError, match="quantization='gguf' reads a .gguf file"):
+        get_quant_config(ModelConfig(tiny_model_dir("llama"), quantization="gguf"))

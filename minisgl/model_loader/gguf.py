@@ -159,25 +159,34 @@ def _write_config(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
     _save_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name), config, out)
 
 
-def _gguf_to_hf_names(hf_config, arch: str) -> dict[str, str]:
-    """GGUF tensor name -> HF parameter name, through a meta-device HF model (as SGLang's
-    GGUFModelLoader._get_gguf_weights_map)."""
-    import gguf
-    from transformers import AutoModelForCausalLM
+# llama.cpp's tensor names (convert_hf_to_gguf.py) -> HF's, for the Llama family: llama, qwen2 and
+# qwen3 name their weights alike. SGLang derives this map from a meta-device HF model
+# (GGUFModelLoader._get_gguf_weights_map); the table saves importing transformers' model code,
+# about 120 MB of this process's memory.
+_GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
-    arch_id = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), None)
-    if arch_id is None:
-        raise ValueError(f"GGUF architecture {arch!r} is unknown to the gguf package")
-    name_map = gguf.get_tensor_name_map(arch_id, hf_config.num_hidden_layers)
-    with torch.device("meta"):
-        names = AutoModelForCausalLM.from_config(hf_config).state_dict()
-    out = {}
-    for hf_name in names:
-        module, suffix = hf_name.rsplit(".", 1)
-        gguf_name = name_map.get_name(module)
-        if gguf_name is not None:
-            out[f"{gguf_name}.{suffix}"] = hf_name
-    return out
+
+def _hf_name(gguf_name: str) -> Optional[str]:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for a name not in the tables."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_BLOCK:
+        return f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GGUF_TOP:
+        return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
+    return None
 
 
 def _reverse_permute(rows: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -199,19 +208,22 @@ def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -
 
     reader = gguf.GGUFReader(gguf_file)
     arch = str(reader.fields["general.architecture"].contents())
+    # The tensors' views of the file, without the parsed metadata (the vocabulary and merges as
+    # numpy arrays, about 160 MB for SmolLM2), which is dropped before any weight is copied.
+    tensors = list(reader.tensors)
+    del reader
     if arch not in ("llama", "qwen2", "qwen3"):
         raise NotImplementedError(
             f"{gguf_file}: GGUF architecture {arch!r}: minisgl keeps llama, qwen2 and qwen3 quantized"
         )
-    names = _gguf_to_hf_names(hf_config, arch)
-    for tensor in reader.tensors:
-        if tensor.name not in names:
+    for tensor in tensors:
+        if _hf_name(tensor.name) is None:
             raise ValueError(f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}")
         if len(tensor.shape) > 1:
             check_supported(tensor.tensor_type, tensor.name)
     heads = {"attn_q": hf_config.num_attention_heads, "attn_k": hf_config.num_key_value_heads}
-    for tensor in reader.tensors:
-        name = names[tensor.name]
+    for tensor in tensors:
+        name = _hf_name(tensor.name)
         with warnings.catch_warnings():  # the file's pages, read-only: the loaders copy them out
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(tensor.data)

@@ -2,9 +2,10 @@
 
 Mirrors python/sglang/srt/layers/quantization/gguf.py (GGUFConfig, GGUFLinearMethod,
 GGUFEmbeddingMethod). ``--quantization gguf`` is chosen by itself for a ``.gguf`` model path
-(ServerArgs, as SGLang's server_args.py:2504); the loader (model_loader/gguf.py) then yields, per
-layer, ``qweight`` (the raw blocks, uint8 [N, K / 32 * block bytes]) and ``qweight_type`` (the
-ggml type id), with llama.cpp's q/k row permutation already undone. The block layouts and the
+(as SGLang's ServerArgs._handle_load_format, server_args.py:2501); the loader
+(model_loader/gguf.py) then yields, per layer, ``qweight`` (the raw blocks, uint8
+[N, K / 32 * block bytes]) and ``qweight_type`` (the ggml type id), with llama.cpp's q/k row
+permutation already undone. The block layouts and the
 GEMM are in gguf_kernel.py.
 
 Each layer holds one block type. A fused layer (qkv_proj, gate_up_proj) is its shards' rows one
