@@ -36,6 +36,10 @@ class LlamaModelEagle(nn.Module):
         self.embed_tokens: nn.Module | None = None  # the target's (set_embed_and_head)
         self.fc = ReplicatedLinear(2 * config.hidden_size, config.hidden_size, bias=True)
         self.layers = nn.ModuleList([LlamaDecoderLayerEagle(config, i) for i in range(config.num_hidden_layers)])
+        # One pipeline stage holds the whole head (speculation is refused with pp_size > 1);
+        # LlamaForCausalLM.load_weights reads the stage's bounds.
+        self.start_layer, self.end_layer = 0, config.num_hidden_layers
+        self.is_first_rank = self.is_last_rank = True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         embeds = self.embed_tokens(input_ids)

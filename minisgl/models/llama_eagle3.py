@@ -52,6 +52,9 @@ class LlamaModelEagle3(nn.Module):
         self.fc = ReplicatedLinear(3 * target_hidden, config.hidden_size, bias=False)
         self.midlayer = LlamaDecoderLayerEagle3(config, 0)
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # One pipeline stage holds the whole head (speculation is refused with pp_size > 1).
+        self.start_layer, self.end_layer = 0, 1
+        self.is_first_rank = self.is_last_rank = True
 
     def forward(self, input_ids, positions, forward_batch) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = self.embed_tokens(input_ids)
