@@ -139,6 +139,14 @@ def test_eagle_greedy_on_every_architecture(arch, algorithm, shape, tmp_path_fac
     _check(arch, algorithm, shape, tmp_path_factory, disable_radix_cache=True)
 
 
+def test_eagle_chain_on_the_cpu_kernels_backend_at_batch_three(tmp_path_factory):
+    # The default backend on a CPU. A chain's draft step writes one column of the round's
+    # [bs, slots] block, a strided view the C++ kernels refuse; a batch of one hid it.
+    arch, head = "llama", _head("llama", "EAGLE", tmp_path_factory)
+    engine = _eagle(arch, "EAGLE", head, CHAIN, attention_backend="intel_amx")
+    assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == _plain(arch)
+
+
 @pytest.mark.slow
 def test_eagle_tree_on_the_cpu_kernels_backend_and_a_random_head(tmp_path_factory):
     # intel_amx's C++ extend kernel is causal only: a tree's mask falls back to torch_native.

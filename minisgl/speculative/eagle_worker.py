@@ -219,7 +219,8 @@ class EAGLEWorker(DraftTpModelWorker):
             input_ids.tolist(),
             prefix,
             [1] * lanes,
-            slots[:, i * topk : (i + 1) * topk].flatten(),
+            # contiguous: with topk 1 the column is a strided view, which the CPU kernels refuse.
+            slots[:, i * topk : (i + 1) * topk].flatten().contiguous(),
             EagleDraftInput(hidden_states=hidden_states, positions=positions, custom_mask=mask),
         )
         return self._forward(self.model_runner, step)
@@ -238,7 +239,7 @@ class EAGLEWorker(DraftTpModelWorker):
             forward_mode=ForwardMode.TARGET_VERIFY,
             input_ids=spec_info.draft_token.tolist(),
             seq_lens=[p + n for p in prefix_lens],
-            out_cache_loc=slots[:, :n].flatten(),
+            out_cache_loc=slots[:, :n].flatten().contiguous(),
             extend_seq_lens=[n] * bs,
             extend_prefix_lens=prefix_lens,
             extend_logprob_start_lens=[p + n for p in prefix_lens],
