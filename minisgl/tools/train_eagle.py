@@ -122,23 +122,27 @@ def target_features(model_path: str, sequences, eagle3: bool) -> dict:
     tokens = torch.zeros(len(sequences), length, dtype=torch.long)
     for row, (seq, _) in enumerate(sequences):
         tokens[row, : len(seq)] = torch.tensor(seq)
-    final, aux, greedy = [], [], []
+    lengths = torch.tensor([len(s) for s, _ in sequences])
+    final = torch.zeros(len(sequences), length, model.config.hidden_size)
+    aux = torch.zeros(len(sequences), length, 3 * model.config.hidden_size) if eagle3 else None
+    greedy = torch.zeros(len(sequences), length, dtype=torch.long)
     for start in range(0, len(sequences), 8):
-        batch = tokens[start : start + 8]  # right padding: causal attention keeps real positions exact
-        hidden = model.model(input_ids=batch).last_hidden_state  # after the final norm
-        final.append(hidden)
-        greedy.append(model.lm_head(hidden).argmax(-1))
+        rows = slice(start, start + 8)
+        width = int(lengths[rows].max())  # right padding to the chunk's longest: causal attention keeps it exact
+        hidden = model.model(input_ids=tokens[rows, :width]).last_hidden_state  # after the final norm
+        final[rows, :width] = hidden
+        greedy[rows, :width] = model.lm_head(hidden).argmax(-1)
         if eagle3:
-            aux.append(torch.cat([captured[i] for i in layers], dim=-1))
+            aux[rows, :width] = torch.cat([captured[i] for i in layers], dim=-1)
     for hook in hooks:
         hook.remove()
     return {
         "tokens": tokens,
-        "lengths": torch.tensor([len(s) for s, _ in sequences]),
+        "lengths": lengths,
         "prompt_lengths": torch.tensor([p for _, p in sequences]),
-        "final": torch.cat(final),
-        "first_feature": torch.cat(aux) if eagle3 else torch.cat(final),
-        "greedy": torch.cat(greedy),
+        "final": final,
+        "first_feature": aux if eagle3 else final,
+        "greedy": greedy,
         "embed": model.get_input_embeddings().weight,
         "lm_head": model.get_output_embeddings().weight,
         "config": model.config,
@@ -268,12 +272,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-path", default=DEFAULT_MODEL_PATH)
     parser.add_argument("--algorithm", choices=ALGORITHMS, required=True)
     parser.add_argument("--out", help="the head's folder (default: a cache folder named by the inputs)")
-    parser.add_argument("--num-prompts", type=int, default=256, help="prompts made from the repository's text")
+    parser.add_argument("--num-prompts", type=int, default=192, help="prompts made from the repository's text")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="greedy answer length per prompt")
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
     parser.add_argument("--hot-vocab-size", type=int, default=2048, help="tokens the head can draft")
     parser.add_argument("--num-steps", type=int, default=3, help="draft chain length trained and estimated")
-    parser.add_argument("--train-steps", type=int, default=600)
+    parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
