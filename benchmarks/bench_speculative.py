@@ -115,6 +115,9 @@ def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: in
             outputs += engine.generate(prompts[i : i + batch_size], params)
         seconds = time.perf_counter() - start
     engine.shutdown()
+    aborted = [o["meta_info"]["finish_reason"] for o in outputs if o["meta_info"]["finish_reason"]["type"] == "abort"]
+    if aborted:
+        return {"error": aborted[0].get("message", "aborted")}
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
     result = {"tok_s": tokens / seconds, "seconds": seconds, "outputs": [o["output_ids"] for o in outputs]}
     metas = [o["meta_info"] for o in outputs]
@@ -200,6 +203,10 @@ def main() -> None:
                 for label, spec in configs:
                     result = run(model_path, prompts, args.max_new_tokens, bs, **common, **spec)
                     row = {"dtype": dtype, "batch_size": bs, "draft": label, **result}
+                    if "error" in result:  # one broken configuration should not end a long run
+                        rows.append(row)
+                        print(f"{dtype} bs={bs} {label}: failed: {result['error']}", flush=True)
+                        continue
                     row.update(
                         speedup=result["tok_s"] / base["tok_s"], same_tokens=result["outputs"] == base["outputs"]
                     )
@@ -216,6 +223,9 @@ def main() -> None:
     )
     print(f"{head} | {'draft ms':>8} | {'verify ms':>9} | same")
     for r in rows:
+        if "error" in r:
+            print(f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<26} | failed: {r['error']}")
+            continue
         spec = (
             f"{r['accept_length']:7.2f} | {r['accept_rate']:8.2f} | {r['draft_ms']:8.1f} | {r['verify_ms']:9.1f} | "
             f"{r['same_tokens']}"
