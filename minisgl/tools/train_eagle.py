@@ -56,6 +56,10 @@ INSTRUCTIONS = (
 )
 
 
+def progress(message: str) -> None:
+    print(message, flush=True)  # visible as it happens when the output goes to a file
+
+
 def repo_prompts(num_prompts: int, seed: int) -> list[str]:
     """User messages built from the repository's English prose, shuffled deterministically."""
     files = [
@@ -193,7 +197,7 @@ def acceptance(head: EagleHead, data: dict, rows, num_steps: int) -> list[float]
     return [1 + float(accepted[:k].sum()) / starts for k in range(1, num_steps + 1)]
 
 
-def train(args: argparse.Namespace, data: dict, log=print) -> tuple[EagleHead, dict]:
+def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead, dict]:
     """Pick the hot vocabulary, train the head, estimate acceptance on the held-out rows."""
     torch.manual_seed(args.seed)
     num_rows = len(data["tokens"])
@@ -251,7 +255,7 @@ def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def self_distillation_data(args: argparse.Namespace, model_path: str, log=print):
+def self_distillation_data(args: argparse.Namespace, model_path: str, log=progress):
     """The generated sequences, cached once per (model, prompts, lengths) for both algorithms."""
     key = cache_key(args, model_path, ("num_prompts", "max_new_tokens", "seed"))
     path = cache_root() / "eagle" / f"answers-{key}.json"
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
         sequences = self_distillation_data(args, model_path)
         start = time.perf_counter()
         data = target_features(model_path, sequences, eagle3=args.algorithm == "EAGLE3")
-        print(f"target features for {len(sequences)} sequences in {time.perf_counter() - start:.0f} s")
+        progress(f"target features for {len(sequences)} sequences in {time.perf_counter() - start:.0f} s")
         head, stats = train(args, data)
         target_config = json.loads((pathlib.Path(model_path) / "config.json").read_text())
         files = head.save(out, target_config, getattr(torch, args.save_dtype), data["aux_layers"])
