@@ -1,32 +1,41 @@
-"""Speculative decoding against plain decoding on the same workload, greedy.
+"""Speculative decoding against plain decoding on the same workload, greedy: STANDALONE, EAGLE, EAGLE3.
 
-    python benchmarks/bench_speculative.py          # SmolLM2-135M (30 layers), drafts of 15, 25 and 30 layers
-    python benchmarks/bench_speculative.py --draft-layers 20 25 --num-steps 2 4 --batch-size 1 4
-    python benchmarks/bench_speculative.py --model-path DIR --num-prompts 4 --max-new-tokens 32   # quicker
+    python benchmarks/bench_speculative.py      # SmolLM2-135M: plain, STANDALONE, EAGLE, EAGLE3; bs 1/4/16; f32, bf16
+    python benchmarks/bench_speculative.py --algorithms EAGLE --batch-size 1 --dtype float32 --num-prompts 4  # quicker
+    python benchmarks/bench_speculative.py --eagle-head DIR --eagle3-head DIR3    # heads trained earlier
 
-The draft is the target itself cut to its first --draft-layers layers
-(minisgl.tools.make_draft_model): no training, same tokenizer. A draft of all the layers
-is the target itself, the reference where every draft is accepted. Workload: --num-prompts
-chat questions (the model's chat template), --max-new-tokens tokens each, EOS ignored so
-every engine generates exactly the same number of tokens, run --batch-size requests at a
-time. For each configuration it prints generated tokens/s, the speedup over plain
-decoding, the accept length (tokens per target forward, SGLang's spec_accept_length), the
-accept rate (draft tokens kept / drafted), and whether the output equals plain decoding's
-token for token (it must, greedy).
+Drafts:
+- STANDALONE: the target itself cut to its first --draft-layers layers
+  (minisgl.tools.make_draft_model): no training, same tokenizer.
+- EAGLE / EAGLE3: one-layer heads reading the target's hidden states, trained by
+  ``python -m minisgl.tools.train_eagle`` (run here with its defaults when no head is given:
+  about 15 minutes per head on 2 idle cores the first time, cached afterwards). EAGLE drafts
+  over its hot-token map (--speculative-token-map), EAGLE3 over its own draft vocabulary.
+  Both draft a chain (--speculative-eagle-topk 1, --speculative-num-draft-tokens k + 1).
+
+Workload: --num-prompts chat questions (the model's chat template; the heads were trained
+on prompts made from the repository's docs, not on these), --max-new-tokens tokens each,
+EOS ignored so every engine generates exactly the same number of tokens, run --batch-size
+requests at a time. For each configuration it prints generated tokens/s, the speedup over
+plain decoding in the same dtype and batch size, the accept length (tokens per target
+forward, SGLang's spec_accept_length), the accept rate (draft tokens kept / drafted), the
+draft and verify time per round (draft = the worker's draft + draft extend after verify;
+wall time of those methods, measured by wrapping them in this process), and whether the
+output equals plain decoding's token for token (it must, greedy; bfloat16 rounds the
+verify's batched positions differently from single steps, so a near-tie may flip there).
 
 Where speculation pays: decoding one request is bound by reading the weights, so the
-target scores k + 1 positions for about the price of one; a draft of d of L layers costs
-roughly (d + LM head) / (L + LM head) of a target step per drafted token. The round
-wins when accept length > verify cost + k * draft cost, in target steps (plus overhead).
-An untrained cut of a small model agrees with it rarely (SmolLM2 cut to 25 of 30 layers
-keeps about a quarter of its drafts), so expect slowdowns with it; the benchmark shows
-the mechanism and its costs, and a trained draft moves the accept length. Large batches
-are compute-bound, where verifying rejected drafts is pure waste.
+target scores k + 1 positions for about the price of one, and a round wins when the accept
+length exceeds (verify + k drafts) in target steps. A cut of d layers costs about
+(d + LM head) / (L + LM head) of a target step per draft; an EAGLE head one layer plus a
+reduced LM head, a few percent. Large batches are compute-bound, where verifying rejected
+drafts is pure waste. Wall-clock numbers move with the host; compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -55,6 +64,44 @@ QUESTIONS = [
 ]
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as lscpu prints it (from /proc/cpuinfo)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+@contextlib.contextmanager
+def phase_timer(timings: dict):
+    """Accumulate the wall time of the speculative workers' draft and verify methods (in-process scheduler)."""
+    from minisgl.speculative.eagle_worker import EAGLEWorker
+    from minisgl.speculative.standalone_worker import StandaloneWorker
+
+    phases = {"draft": "draft", "forward_draft_extend_after_decode": "draft", "verify": "verify"}
+    originals = [(cls, name, getattr(cls, name)) for cls in (EAGLEWorker, StandaloneWorker) for name in phases]
+
+    def timed(method, phase):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
+                timings[f"{phase}_calls"] = timings.get(f"{phase}_calls", 0) + 1
+
+        return wrapper
+
+    for cls, name, method in originals:
+        setattr(cls, name, timed(method, phases[name]))
+    try:
+        yield timings
+    finally:
+        for cls, name, method in originals:
+            setattr(cls, name, method)
+
+
 def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: int, **engine_kwargs) -> dict:
     from minisgl.entrypoints.engine import Engine
 
@@ -62,11 +109,15 @@ def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: in
     engine.generate(prompts[0], {"max_new_tokens": 2})  # warm up
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     outputs = []
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        outputs += engine.generate(prompts[i : i + batch_size], params)
-    seconds = time.perf_counter() - start
+    with phase_timer({}) as timings:
+        start = time.perf_counter()
+        for i in range(0, len(prompts), batch_size):
+            outputs += engine.generate(prompts[i : i + batch_size], params)
+        seconds = time.perf_counter() - start
     engine.shutdown()
+    aborted = [o["meta_info"]["finish_reason"] for o in outputs if o["meta_info"]["finish_reason"]["type"] == "abort"]
+    if aborted:
+        return {"error": aborted[0].get("message", "aborted")}
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
     result = {"tok_s": tokens / seconds, "seconds": seconds, "outputs": [o["output_ids"] for o in outputs]}
     metas = [o["meta_info"] for o in outputs]
@@ -75,25 +126,63 @@ def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: in
         result["accept_rate"] = sum(m["spec_accept_token_num"] for m in metas) / sum(
             m["spec_draft_token_num"] for m in metas
         )
+        rounds = max(1, timings.get("verify_calls", 0))
+        result["draft_ms"] = 1000 * timings.get("draft", 0.0) / rounds
+        result["verify_ms"] = 1000 * timings.get("verify", 0.0) / rounds
     return result
+
+
+def eagle_head(algorithm: str, given: str | None, model_path: str) -> tuple[str, str | None]:
+    """(head folder, EAGLE's token map or None): the given folder, or train_eagle's cached default head."""
+    if given is None:
+        from minisgl.tools.train_eagle import main as train_eagle
+
+        given = train_eagle(["--model-path", model_path, "--algorithm", algorithm])["out"]
+    token_map = Path(given) / "hot_token_map.pt"
+    return given, str(token_map) if algorithm == "EAGLE" and token_map.is_file() else None
+
+
+def configurations(args, model_path: str, workdir: str) -> list[tuple[str, dict]]:
+    """(row label, engine arguments) of every speculative configuration asked for."""
+    from minisgl.tools.make_draft_model import make_truncated_model
+
+    configs = []
+    if "STANDALONE" in args.algorithms:
+        for n in args.draft_layers:
+            draft = str(make_truncated_model(model_path, Path(workdir) / f"layers{n}", n))
+            for k in args.num_steps:
+                spec = dict(speculative_draft_model_path=draft, speculative_num_steps=k)
+                configs.append((f"STANDALONE {n} layers, k={k}", dict(speculative_algorithm="STANDALONE", **spec)))
+    for algorithm, given in (("EAGLE", args.eagle_head), ("EAGLE3", args.eagle3_head)):
+        if algorithm in args.algorithms:
+            head, token_map = eagle_head(algorithm, given, model_path)
+            for k in args.num_steps:
+                spec = dict(speculative_algorithm=algorithm, speculative_draft_model_path=head, speculative_num_steps=k)
+                spec.update(
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1, speculative_token_map=token_map
+                )
+                configs.append((f"{algorithm} head, k={k}", spec))
+    return configs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--draft-layers", type=int, nargs="+", default=[15, 25, 30])
-    parser.add_argument("--num-steps", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--algorithms", nargs="+", default=["STANDALONE", "EAGLE", "EAGLE3"])
+    parser.add_argument("--draft-layers", type=int, nargs="+", default=[15], help="STANDALONE's cut of the target")
+    parser.add_argument("--num-steps", type=int, nargs="+", default=[3])
+    parser.add_argument("--eagle-head", help="an EAGLE head folder (default: train_eagle's, trained once)")
+    parser.add_argument("--eagle3-head", help="an EAGLE3 head folder (default: train_eagle's, trained once)")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
 
     from minisgl.model_loader.gguf import resolve_model_path
-    from minisgl.tools.make_draft_model import make_truncated_model
 
     model_path = resolve_model_path(args.model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -101,56 +190,52 @@ def main() -> None:
         tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         for q in (QUESTIONS * (args.num_prompts // len(QUESTIONS) + 1))[: args.num_prompts]
     ]
-    common = dict(dtype=args.dtype, max_total_tokens=16384, disable_radix_cache=True)
-    num_layers = json.loads((Path(model_path) / "config.json").read_text())["num_hidden_layers"]
     rows = []
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="minisgl-draft-") as workdir:
-        drafts = {n: str(make_truncated_model(model_path, Path(workdir) / f"layers{n}", n)) for n in args.draft_layers}
-        for bs in args.batch_size:
-            base = run(model_path, prompts, args.max_new_tokens, bs, **common)
-            rows.append({"batch_size": bs, "draft": "none (plain decode)", "tok_s": base["tok_s"], "speedup": 1.0})
-            print(f"bs={bs} plain decode: {base['tok_s']:.1f} tok/s", flush=True)
-            for n, draft in drafts.items():
-                for k in args.num_steps:
-                    spec = run(
-                        model_path,
-                        prompts,
-                        args.max_new_tokens,
-                        bs,
-                        speculative_algorithm="STANDALONE",
-                        speculative_draft_model_path=draft,
-                        speculative_num_steps=k,
-                        **common,
+        configs = configurations(args, model_path, workdir)
+        for dtype in args.dtype:
+            common = dict(dtype=dtype, max_total_tokens=16384, disable_radix_cache=True)
+            for bs in args.batch_size:
+                base = run(model_path, prompts, args.max_new_tokens, bs, **common)
+                rows.append({"dtype": dtype, "batch_size": bs, "draft": "none (plain decode)", **base, "speedup": 1.0})
+                print(f"{dtype} bs={bs} plain decode: {base['tok_s']:.1f} tok/s", flush=True)
+                for label, spec in configs:
+                    result = run(model_path, prompts, args.max_new_tokens, bs, **common, **spec)
+                    row = {"dtype": dtype, "batch_size": bs, "draft": label, **result}
+                    if "error" in result:  # one broken configuration should not end a long run
+                        rows.append(row)
+                        print(f"{dtype} bs={bs} {label}: failed: {result['error']}", flush=True)
+                        continue
+                    row.update(
+                        speedup=result["tok_s"] / base["tok_s"], same_tokens=result["outputs"] == base["outputs"]
                     )
-                    row = {
-                        "batch_size": bs,
-                        "draft": f"{n} layers{' (=target)' if n == num_layers else ''}, k={k}",
-                        "tok_s": spec["tok_s"],
-                        "speedup": spec["tok_s"] / base["tok_s"],
-                        "accept_length": spec["accept_length"],
-                        "accept_rate": spec["accept_rate"],
-                        "same_tokens": spec["outputs"] == base["outputs"],
-                    }
                     rows.append(row)
                     print(
-                        f"bs={bs} draft {row['draft']}: {row['tok_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, "
-                        f"accept length {row['accept_length']:.2f}, accept rate {row['accept_rate']:.2f}, "
-                        f"same tokens as plain decode: {row['same_tokens']}",
+                        f"{dtype} bs={bs} {label}: {row['tok_s']:.1f} tok/s, speedup {row['speedup']:.2f}x, "
+                        f"accept length {row['accept_length']:.2f}, draft {row['draft_ms']:.1f} ms and verify "
+                        f"{row['verify_ms']:.1f} ms per round, same tokens as plain decode: {row['same_tokens']}",
                         flush=True,
                     )
-    print()
-    print(
-        f"{'bs':>3} | {'draft':<26} | {'tok/s':>7} | {'speedup':>7} | {'accept len':>10} | {'accept rate':>11} | same"
+    print(f"\nCPU: {cpu_name()}; {args.num_prompts} prompts x {args.max_new_tokens} tokens, greedy")
+    head = (
+        f"{'dtype':<8} | {'bs':>3} | {'draft':<26} | {'tok/s':>6} | {'speedup':>7} | {'acc len':>7} | {'acc rate':>8}"
     )
+    print(f"{head} | {'draft ms':>8} | {'verify ms':>9} | same")
     for r in rows:
-        accept = (
-            f"{r['accept_length']:10.2f} | {r['accept_rate']:11.2f} | {r['same_tokens']}"
+        if "error" in r:
+            print(f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<26} | failed: {r['error']}")
+            continue
+        spec = (
+            f"{r['accept_length']:7.2f} | {r['accept_rate']:8.2f} | {r['draft_ms']:8.1f} | {r['verify_ms']:9.1f} | "
+            f"{r['same_tokens']}"
             if "accept_length" in r
-            else f"{'':>10} | {'':>11} |"
+            else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} |"
         )
-        print(f"{r['batch_size']:>3} | {r['draft']:<26} | {r['tok_s']:7.1f} | {r['speedup']:6.2f}x | {accept}")
+        label = f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<26}"
+        print(f"{label} | {r['tok_s']:6.1f} | {r['speedup']:6.2f}x | {spec}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "outputs"} for r in rows], indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""minisgl.tools.train_eagle at tiny size: the checkpoint follows SGLang's EAGLE / EAGLE3 format,
+and training on a deterministic stream beats an untrained head on the tool's acceptance estimate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.tools.train_eagle import target_features, train
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return make_tiny_model("llama", tmp_path_factory.mktemp("target"))
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_trained_head_format_and_acceptance(tiny_target, tmp_path, algorithm):
+    # A toy stream the target reads: each row counts up by 5 from its own start (prompt length 1).
+    sequences = [([3 + (start + 5 * j) % 400 for j in range(40)], 1) for start in range(16)]
+    data = target_features(str(tiny_target), sequences, eagle3=algorithm == "EAGLE3")
+    args = argparse.Namespace(
+        algorithm=algorithm,
+        seed=0,
+        held_out=0.25,
+        hot_vocab_size=96,
+        num_steps=2,
+        train_steps=40,
+        batch_size=4,
+        lr=3e-3,
+    )
+    head, stats = train(args, data, log=lambda *_: None)
+    assert stats["acceptance_by_steps"][-1] > stats["acceptance_untrained_by_steps"][-1]
+    assert 1.0 <= stats["acceptance_by_steps"][0] <= stats["acceptance_by_steps"][1] <= 3.0
+
+    target_config = json.loads((tiny_target / "config.json").read_text())
+    files = head.save(tmp_path, target_config, torch.bfloat16, data["aux_layers"])
+    config = json.loads((tmp_path / "config.json").read_text())
+    tensors = load_file(tmp_path / "model.safetensors")
+    hidden, vocab, n = target_config["hidden_size"], target_config["vocab_size"], stats["hot_vocab_size"]
+    kv = target_config["num_key_value_heads"] * hidden // target_config["num_attention_heads"]
+    mlp = {f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    attn = {f"self_attn.{p}_proj.weight" for p in "qkvo"}
+    assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
+    assert config["hidden_size"] == hidden and config["vocab_size"] == vocab and config["torch_dtype"] == "bfloat16"
+    assert all(t.dtype == torch.bfloat16 for k, t in tensors.items() if k not in ("d2t", "t2d"))
+    assert not any(k.startswith(("embed_tokens", "model.")) for k in tensors)  # the target's embedding is shared
+    if algorithm == "EAGLE":
+        assert config["architectures"] == ["LlamaForCausalLMEagle"]
+        layer = {"post_attention_layernorm.weight"} | attn | mlp
+        assert set(tensors) == {"fc.weight", "fc.bias"} | {f"layers.0.{k}" for k in layer}
+        assert tensors["fc.weight"].shape == (hidden, 2 * hidden) and tensors["fc.bias"].shape == (hidden,)
+        assert tensors["layers.0.self_attn.k_proj.weight"].shape == (kv, hidden)
+        hot = torch.load(tmp_path / "hot_token_map.pt")
+        assert files[-1] == "hot_token_map.pt" and hot.dtype == torch.int64 and hot.shape == (n,)
+        assert hot.unique().numel() == n and int(hot.max()) < vocab
+    else:
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == n
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == data["aux_layers"]
+        norms = {"input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight"}
+        layer = {f"midlayer.{k}" for k in norms | attn | mlp}
+        assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | layer
+        assert tensors["fc.weight"].shape == (hidden, 3 * hidden) and tensors["lm_head.weight"].shape == (n, hidden)
+        assert tensors["midlayer.self_attn.q_proj.weight"].shape == (hidden, 2 * hidden)
+        assert tensors["midlayer.self_attn.k_proj.weight"].shape == (kv, 2 * hidden)
+        d2t, t2d = tensors["d2t"], tensors["t2d"]
+        assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.shape == (vocab,)
+        assert torch.equal(torch.nonzero(t2d).flatten(), d2t + torch.arange(n))  # draft index i -> i + d2t[i]
