@@ -24,6 +24,7 @@ from minisgl.tools.eagle_oracle import plant_oracle
 from minisgl.tools.make_eagle_head import make_eagle_head
 from minisgl.tools.make_tiny_model import ARCHS
 from tests._models import tiny_model_dir
+from tests._spec import assert_logprobs_close
 from tests._traces import children, fresh_and_golden
 
 KW = dict(max_total_tokens=512, max_running_requests=8, device="cpu", attention_backend="torch_native")
@@ -129,6 +130,20 @@ def test_eagle_greedy_is_the_target(tmp_path_factory):
     # drafting a tree; every architecture, both heads and both shapes run in the slow set.
     params = {**GREEDY, "max_new_tokens": 8}
     _check("llama", "EAGLE3", TREE, tmp_path_factory, params=params, disable_radix_cache=True)
+
+
+def test_eagle_logprobs_are_the_targets(tmp_path_factory):
+    # Each token of a round gets the logprobs a plain decode step reports, read off the verify's
+    # logits at the node that predicted it; the oracle makes runs, so a round emits several.
+    params = {**GREEDY, "max_new_tokens": 8}
+    side = dict(return_logprob=True, top_logprobs_num=3, token_ids_logprob=[[5, 6]] * len(PROMPTS))
+    plain = Engine(model_path=tiny_model_dir("llama"), **KW).generate(input_ids=PROMPTS, sampling_params=params, **side)
+    engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), TREE, disable_radix_cache=True)
+    _with_oracle(engine, {tuple(p): r["output_ids"] for p, r in zip(PROMPTS, plain)}, depth=3)
+    got = engine.generate(input_ids=PROMPTS, sampling_params=params, **side)
+    assert _ids(got) == _ids(plain) and sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
+    for ours, theirs in zip(got, plain):
+        assert_logprobs_close(ours["meta_info"], theirs["meta_info"])
 
 
 @pytest.mark.slow
@@ -237,9 +252,9 @@ def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
         (wrong / "config.json").write_text(json.dumps({**config, field: value}))
         with pytest.raises(ValueError, match=message):
             _eagle("llama", "EAGLE", str(wrong), CHAIN)
-    engine = _eagle("llama", "EAGLE", head, CHAIN)
-    with pytest.raises(ValueError, match="logprobs"):
-        engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
+    engine = _eagle("llama", "EAGLE", head, CHAIN, enable_return_hidden_states=True)
+    with pytest.raises(ValueError, match="hidden states"):
+        engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_hidden_states=True)
     with pytest.raises(ValueError, match="speculative_num_draft_tokens must be in"):
         ServerArgs(model_path=tiny_model_dir("llama"), speculative_algorithm="EAGLE", speculative_draft_model_path=head,
                    speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=9)  # fmt: skip

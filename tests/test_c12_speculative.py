@@ -17,6 +17,7 @@ from minisgl.server_args import ServerArgs
 from minisgl.speculative.standalone_worker import StandaloneWorker
 from minisgl.tools.make_draft_model import make_truncated_model
 from tests._models import tiny_model_dir
+from tests._spec import assert_logprobs_close
 from tests._traces import children, fresh_and_golden
 
 KW = dict(max_total_tokens=512, max_running_requests=8, device="cpu", attention_backend="torch_native")
@@ -69,6 +70,19 @@ def test_c12_a_foreign_draft_only_costs_speed(drafts):
     expected = _ids(Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=GREEDY))
     got = _spec(target, tiny_model_dir("qwen3"), 4).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert _ids(got) == expected
+
+
+def test_c12_logprobs_are_the_targets():
+    # With the target as its own draft every round emits 4 tokens; each gets the logprobs of a
+    # plain decode step, read off the verify's logits at the position that predicted it.
+    target = tiny_model_dir("llama")
+    params = {**GREEDY, "max_new_tokens": 9}
+    side = dict(return_logprob=True, top_logprobs_num=2, token_ids_logprob=[[7]] * len(PROMPTS))
+    plain = Engine(model_path=target, **KW).generate(input_ids=PROMPTS, sampling_params=params, **side)
+    got = _spec(target, target, 3).generate(input_ids=PROMPTS, sampling_params=params, **side)
+    assert _ids(got) == _ids(plain) and got[0]["meta_info"]["spec_accept_length"] > 3
+    for ours, theirs in zip(got, plain):
+        assert_logprobs_close(ours["meta_info"], theirs["meta_info"])
 
 
 def test_c12_stops_inside_an_accepted_run():
@@ -173,10 +187,10 @@ def test_c12_draft_is_built_after_the_target_and_each_round_drafts_then_verifies
 
 def test_c12_refuses_what_it_cannot_do_exactly(drafts):
     target = tiny_model_dir("llama")
-    spec = _spec(target, drafts["llama"])
+    spec = _spec(target, drafts["llama"], enable_return_hidden_states=True)
     # Refused at the front door, before anything is queued.
-    with pytest.raises(ValueError, match="logprobs"):
-        spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_logprob=True)
+    with pytest.raises(ValueError, match="hidden states"):
+        spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, return_hidden_states=True)
     with pytest.raises(ValueError, match="penalties"):
         spec.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "frequency_penalty": 0.5})
     assert spec.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["meta_info"]["completion_tokens"] > 0

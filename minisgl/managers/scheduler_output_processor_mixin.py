@@ -12,6 +12,7 @@ disaggregation, the metrics collector.
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 from minisgl.managers.io_struct import ReqOutput
@@ -28,6 +29,9 @@ class SchedulerOutputProcessorMixin:
 
     def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         new_token_ids = _split_per_request(result)
+        # The row of each request's first new token in the logprob fields: i, or after a
+        # speculative round the tokens of the requests before it.
+        first_rows = [0, *itertools.accumulate(len(ids) for ids in new_token_ids)]
         out = result.logits_output
         hidden_offset = 0
         still_running = []
@@ -49,7 +53,7 @@ class SchedulerOutputProcessorMixin:
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FINISH_LENGTH(0)  # prefill only (e.g. to warm the cache)
             else:
-                new_ids = self._append_output_ids(req, new_token_ids[i], out, i)
+                new_ids = self._append_output_ids(req, new_token_ids[i], out, first_rows[i])
             if result.accept_length_per_req_cpu is not None:
                 self._account_spec_round(req, result.accept_length_per_req_cpu[i])
             if req.finished():
@@ -61,16 +65,16 @@ class SchedulerOutputProcessorMixin:
             still_running.append(req)
         batch.reqs = still_running
 
-    def _append_output_ids(self, req: Req, token_ids: list[int], out, i: int) -> list[int]:
+    def _append_output_ids(self, req: Req, token_ids: list[int], out, first_row: int) -> list[int]:
         """Append the step's tokens (several after a speculative round) up to the first that ends it."""
         appended = []
-        for token_id in token_ids:
+        for row, token_id in enumerate(token_ids, start=first_row):
             req.output_ids.append(token_id)
             appended.append(token_id)
             if req.grammar is not None and not req.grammar.accept_token(token_id):
                 req.finished_reason = FINISH_ABORT(f"token {token_id} broke the request's grammar")
             if req.return_logprob:
-                self._record_output_logprobs(req, out, i)
+                self._record_output_logprobs(req, out, row)
             req.check_finished(self._tail_text(req))
             if req.finished():
                 break
@@ -101,14 +105,14 @@ class SchedulerOutputProcessorMixin:
                 req.hidden_states.append(out.hidden_states[row_offset + pos - prefix_len].tolist())
 
     @staticmethod
-    def _record_output_logprobs(req: Req, out, i: int) -> None:
-        req.output_token_logprobs.append(float(out.next_token_logprobs[i]))
+    def _record_output_logprobs(req: Req, out, row: int) -> None:
+        req.output_token_logprobs.append(float(out.next_token_logprobs[row]))
         if out.next_token_top_logprobs_val is not None:
-            req.output_top_logprobs_val.append(out.next_token_top_logprobs_val[i])
-            req.output_top_logprobs_idx.append(out.next_token_top_logprobs_idx[i])
+            req.output_top_logprobs_val.append(out.next_token_top_logprobs_val[row])
+            req.output_top_logprobs_idx.append(out.next_token_top_logprobs_idx[row])
         if out.next_token_token_ids_logprobs_val is not None:
-            req.output_token_ids_logprobs_val.append(out.next_token_token_ids_logprobs_val[i])
-            req.output_token_ids_logprobs_idx.append(out.next_token_token_ids_logprobs_idx[i])
+            req.output_token_ids_logprobs_val.append(out.next_token_token_ids_logprobs_val[row])
+            req.output_token_ids_logprobs_idx.append(out.next_token_token_ids_logprobs_idx[row])
 
     def _tail_text(self, req: Req) -> Optional[str]:
         params = req.sampling_params

@@ -21,8 +21,9 @@ t0 sits at position L (k = speculative_num_steps, N = speculative_num_draft_toke
   draft_extend  the draft reruns positions L .. L+n on the target's fresh features: it
                 rewrites their KV and yields the next round's first top-k and feature
 A prefill runs the target (keeping its hidden states), then a draft extend over the same
-positions with the tokens shifted by one. SGLang also captures CUDA graphs for draft and
-draft extend, overlaps scheduling (eagle_worker_v2.py) and keeps logprobs; omitted.
+positions with the tokens shifted by one. The logprobs of a round's tokens are read off the verify's logits
+(spec_utils.attach_verified_logprobs). SGLang also captures CUDA graphs for draft and
+draft extend and overlaps scheduling (eagle_worker_v2.py); omitted.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from minisgl.speculative.eagle_utils import (
     select_top_k_tokens,
 )
 from minisgl.speculative.spec_info import SpeculativeAlgorithm
-from minisgl.speculative.spec_utils import DraftTpModelWorker, plain_batch, release_kv
+from minisgl.speculative.spec_utils import DraftTpModelWorker, attach_verified_logprobs, plain_batch, release_kv
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
@@ -268,12 +269,13 @@ class EAGLEWorker(DraftTpModelWorker):
                 accept_lengths=num_accepted,
                 freed_slots=sum(r - len(p) for p in paths),
             )
-        hidden = result.logits_output.hidden_states[[b * n + j for b, path in enumerate(paths) for j in path]]
+        rows = [[b * n + j for j in path] for b, path in enumerate(paths)]  # each emitted token's logits row
+        next_token_ids = torch.tensor([t for tokens in emitted for t in tokens], dtype=torch.int64)
+        attach_verified_logprobs(result.logits_output, logits, rows, next_token_ids, model_worker_batch)
+        hidden = result.logits_output.hidden_states[[row for r in rows for row in r]]
         self.forward_draft_extend_after_decode(batch, model_worker_batch, prefix_lens, paths, emitted, hidden)
         return GenerationBatchResult(
-            logits_output=result.logits_output,
-            next_token_ids=torch.tensor([t for tokens in emitted for t in tokens], dtype=torch.int64),
-            accept_length_per_req_cpu=num_accepted,
+            logits_output=result.logits_output, next_token_ids=next_token_ids, accept_length_per_req_cpu=num_accepted
         )
 
     def forward_draft_extend_after_decode(self, batch, model_worker_batch, prefix_lens, paths, emitted, hidden) -> None:

@@ -65,8 +65,9 @@ class SpeculativeAlgorithm(Enum):
 def check_request(req: "TokenizedGenerateReqInput") -> None:
     """Refuse, at the front door, a request the draft-verify round would not serve exactly."""
     params = req.sampling_params
-    if req.return_logprob or req.return_hidden_states:
-        raise ValueError("speculative decoding does not return logprobs or hidden states")
+    if req.return_hidden_states:
+        # A round's hidden states are not gathered per token (its logprobs are): refused by name.
+        raise ValueError("speculative decoding does not return hidden states")
     if params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0:
         # A drafted position's penalties would depend on the drafts before it.
         raise ValueError("speculative decoding does not apply frequency, presence or repetition penalties")

@@ -1,6 +1,6 @@
 """What every speculative worker shares: being a draft TpModelWorker on the target's pools,
-forwards without side outputs, the sampling distribution, and giving back the KV slots a
-round did not keep.
+forwards without side outputs, the sampling distribution, the logprobs of a round's tokens,
+and giving back the KV slots a round did not keep.
 
 Mirrors the small helpers of python/sglang/srt/speculative/spec_utils.py; StandaloneWorker
 (standalone_worker.py) and EAGLEWorker (eagle_worker.py) both build on them.
@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.layers.sampler import top_k_top_p_min_p_renorm
+from minisgl.layers.sampler import _attach_logprobs_to_output, top_k_top_p_min_p_renorm
 from minisgl.managers.tp_worker import TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode
 
 if TYPE_CHECKING:
+    from minisgl.layers.logits_processor import LogitsProcessorOutput
     from minisgl.managers.schedule_batch import ModelWorkerBatch, Req
     from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
     from minisgl.mem_cache.memory_pool import ReqToTokenPool
@@ -44,7 +45,8 @@ class DraftTpModelWorker(TpModelWorker):
 
 
 def plain_batch(batch: "ModelWorkerBatch", **changes) -> "ModelWorkerBatch":
-    """A forward of the round: no logprobs or hidden states (refused under speculation)."""
+    """A forward of the round: no side outputs (a round's logprobs come from the verify's
+    logits, attach_verified_logprobs; hidden states are refused under speculation)."""
     return dataclasses.replace(
         batch, **{"return_logprob": False, "capture_hidden_mode": CaptureHiddenMode.NULL, **changes}
     )
@@ -53,6 +55,37 @@ def plain_batch(batch: "ModelWorkerBatch", **changes) -> "ModelWorkerBatch":
 def sampling_probs(logits: torch.Tensor, info: "SamplingBatchInfo") -> torch.Tensor:
     """The distribution the Sampler draws from: temperature, then top-k / top-p / min-p."""
     return top_k_top_p_min_p_renorm(torch.softmax(logits / info.temperatures, dim=-1), info)
+
+
+def attach_verified_logprobs(
+    out: "LogitsProcessorOutput",
+    logits: torch.Tensor,
+    rows: list[list[int]],
+    token_ids: torch.Tensor,
+    batch: "ModelWorkerBatch",
+) -> None:
+    """The logprobs of a round's tokens (token_ids, request after request), one row per token,
+    as the Sampler gives one step's.
+
+    rows[b]: for each token request b emitted, the row of ``logits`` (the target's, biases
+    applied) that predicted it, i.e. the accepted node before it (the bonus token's is the
+    last accepted node). Its logprob is then the one a plain decode step at that position
+    reports: log_softmax after temperature, before top-k/top-p.
+    """
+    if not batch.return_logprob:
+        return
+    owner = torch.tensor([b for b, r in enumerate(rows) for _ in r])
+    chosen = logits[[row for r in rows for row in r]]
+    info = batch.sampling_info
+    if not info.is_all_greedy:
+        chosen = chosen / info.temperatures[owner]
+    _attach_logprobs_to_output(
+        out,
+        torch.log_softmax(chosen, dim=-1),
+        token_ids,
+        [batch.top_logprobs_nums[b] for b in owner.tolist()],
+        [batch.token_ids_logprobs[b] for b in owner.tolist()],
+    )
 
 
 def release_kv(

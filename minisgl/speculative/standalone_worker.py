@@ -22,9 +22,10 @@ Between rounds both models hold KV for the same positions, 0 .. kv_len-1, so a p
 shared through the radix cache is valid for both. A prefill runs the target, then the
 draft (DRAFT_EXTEND) over the same tokens and slots.
 
-SGLang also drafts trees (topk > 1), drives EAGLE drafts with the target's hidden
-states, captures CUDA graphs for draft and verify, overlaps scheduling, and keeps
-logprobs, penalties and grammars under speculation; omitted.
+A round's logprobs are read off the verify's logits (spec_utils.attach_verified_logprobs).
+SGLang also drafts trees (topk > 1; minisgl's EAGLEWorker does), drives EAGLE drafts with
+the target's hidden states, captures CUDA graphs for draft and verify, overlaps
+scheduling, and keeps penalties and grammars under speculation; omitted.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ from minisgl.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 from minisgl.server_args import ServerArgs
-from minisgl.speculative.spec_utils import DraftTpModelWorker, plain_batch, release_kv, sampling_probs
+from minisgl.speculative.spec_utils import (
+    DraftTpModelWorker,
+    attach_verified_logprobs,
+    plain_batch,
+    release_kv,
+    sampling_probs,
+)
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
@@ -159,11 +166,12 @@ class StandaloneWorker(DraftTpModelWorker):
                 accept_lengths=num_accepted,
                 freed_slots=sum(k - n for n in num_accepted),
             )
+        next_token_ids = torch.tensor([t for tokens in accepted for t in tokens], dtype=torch.int64)
+        rows = [[b * (k + 1) + j for j in range(len(tokens))] for b, tokens in enumerate(accepted)]
+        attach_verified_logprobs(result.logits_output, logits, rows, next_token_ids, model_worker_batch)
         self.forward_draft_extend_after_decode(model_worker_batch, verify_ids, num_accepted)
         return GenerationBatchResult(
-            logits_output=result.logits_output,
-            next_token_ids=torch.tensor([t for tokens in accepted for t in tokens], dtype=torch.int64),
-            accept_length_per_req_cpu=num_accepted,
+            logits_output=result.logits_output, next_token_ids=next_token_ids, accept_length_per_req_cpu=num_accepted
         )
 
     def forward_draft_extend_after_decode(
