@@ -1,5 +1,5 @@
 """Shared SVG settings of the book's figures, and the drawings of the later chapters' figures
-(kv_indices, model_config, overlap_timeline). minisgl/tools/make_figures.py collects their data
+(kv_indices, model_config, overlap_timeline, eagle_tree). minisgl/tools/make_figures.py collects their data
 and calls them; split from it to keep each file to one screenful of jobs."""
 
 from __future__ import annotations
@@ -123,3 +123,41 @@ def draw_overlap_timeline(data: dict, out: Path) -> None:
     axes[-1].set_xlabel("time in units (prepare/process 1, forward 2); order recorded from a run of two requests")
     fig.tight_layout()
     save_svg(fig, out, "overlap_timeline")
+
+
+def draw_eagle_tree(events: list[dict], out: Path) -> None:
+    """Each EAGLE round of traces/eagle_decoding.jsonl: the nodes verify scored (t0 and the best
+    drafts, joined to their parents) and the path it accepted, from the trace's own points."""
+    plt = svg_pyplot()
+    trees = [e for e in events if e["event"] == "EAGLEWorker.verify.tree"]
+    accepted = [e for e in events if e["event"] == "EAGLEWorker.verify.accepted"]
+    fig, axes = plt.subplots(1, len(trees), figsize=(4.5 * len(trees), 3.4), squeeze=False)
+    for r, (ax, tree, result) in enumerate(zip(axes[0], trees, accepted)):
+        parents, tokens, path = tree["parents"][0], tree["tokens"], result["accepted_nodes"][0]
+        depth = [0] * len(parents)
+        for j, p in enumerate(parents):
+            depth[j] = 0 if p < 0 else depth[p] + 1
+        spot, per_depth = {}, {}
+        for j in range(len(parents)):  # left to right within a depth, in node order
+            spot[j] = (per_depth.get(depth[j], 0), -depth[j])
+            per_depth[depth[j]] = per_depth.get(depth[j], 0) + 1
+        for j, p in enumerate(parents):
+            if p >= 0:
+                on_path = j in path and p in path
+                ax.plot(*zip(spot[p], spot[j]), color="#2ca02c" if on_path else "#aaaaaa", lw=2 if on_path else 1)
+        for j, (x, y) in spot.items():
+            label = f"t0 = {tokens[j]}\n(verified)" if j == 0 else f"node {j}\ntoken {tokens[j]}"
+            color = "#c7e9c0" if j in path else "#eeeeee"
+            ax.text(x, y, label, ha="center", va="center", fontsize=8, bbox=dict(boxstyle="round", fc=color, ec="#555"))
+        ax.set_xlim(-0.7, max(x for x, _ in spot.values()) + 0.7)
+        ax.set_ylim(min(y for _, y in spot.values()) - 0.6, 0.6)
+        ax.axis("off")
+        kept, freed = result["accept_lengths"][0], result["freed_slots"]
+        ax.set_title(
+            f"round {r + 1}: verify scores {len(parents)} nodes,\naccepts path {path} "
+            f"({kept} draft{'s' * (kept != 1)} kept), frees {freed} slot{'s' * (freed != 1)}",
+            fontsize=9,
+        )
+    fig.suptitle("EAGLE tree verify (traces/eagle_decoding.jsonl; green: accepted)", fontsize=10)
+    fig.tight_layout()
+    save_svg(fig, out, "eagle_tree")

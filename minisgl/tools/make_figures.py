@@ -21,6 +21,7 @@ from pathlib import Path
 from minisgl import tracing
 from minisgl.tools import figure_data
 from minisgl.tools.figure_drawing import (
+    draw_eagle_tree,
     draw_kv_indices,
     draw_model_config,
     draw_overlap_timeline,
@@ -273,6 +274,7 @@ def build(out: Path, data: dict) -> None:
     draw_kv_indices(data["kv_indices"], out)
     draw_model_config(data["model_config"], out)
     draw_overlap_timeline(data["overlap_timeline"], out)
+    draw_eagle_tree(tracing.load_jsonl(traces / "eagle_decoding.jsonl"), out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
     import matplotlib
