@@ -17,15 +17,19 @@ import httpx
 import pytest
 import torch
 
+from minisgl import tracing
 from minisgl.configs.model_config import ModelConfig
 from minisgl.distributed.utils import get_pp_indices
 from minisgl.entrypoints.engine import Engine
 from minisgl.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from minisgl.managers.scheduler_process import TRACE_DIR_ENV
 from minisgl.model_loader.loader import get_model
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
 from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.tools.refresh_traces import TRACES_DIR
 from tests._models import tiny_model_dir
+from tests._traces import fresh_and_golden
 from tests.test_server import _free_port
 
 # A small pool (retraction), small chunks (chunked prefill), and few tokens per prefill, so the
@@ -133,14 +137,91 @@ def test_a_later_stage_builds_and_loads_only_its_layers(monkeypatch, tiny_llama)
     assert torch.equal(model.lm_head.weight, embed)
 
 
-def test_pp2_gives_one_process_tokens_logprobs_and_hidden_states(tiny_llama):
-    """The default case: a tied-embedding Llama in two stages, with retraction, chunks and the radix cache."""
+def test_pp2_gives_one_process_tokens_logprobs_and_hidden_states(tiny_llama, tmp_path, monkeypatch):
+    """The default case: a tied-embedding Llama in two stages, with retraction, chunks and the radix cache.
+    The stages record their traces too, and every micro-batch crosses them as the golden trace's do."""
     expected, reference = _run(tiny_llama)
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))  # inherited by the stage processes
     got, info = _run(tiny_llama, pp_size=2)
     _assert_same(got, expected)
     assert any(g["meta_info"]["total_retractions"] for g in got)  # the small pool forced some
     _assert_layout(info, reference, 2, pp=2, tp=1)
     assert info["available_kv_tokens"] == info["max_total_num_tokens"]  # nothing leaked
+    fresh = [tracing.load_jsonl(tmp_path / f"pp{p}_tp0.jsonl") for p in range(2)]
+    golden = _by_stage(tracing.load_jsonl(TRACES_DIR / "pipeline_parallel.jsonl"))
+    for stage in range(2):
+        assert _halves(fresh[stage]) == _halves(golden[stage]), f"stage {stage} runs micro-batches otherwise"
+    _assert_crossings(fresh)
+
+
+# What one loop iteration does with a micro-batch, in the order it does it (tools/refresh_traces.py's
+# pipeline_parallel scenario records the same events).
+CROSSING = (
+    "pp.recv_proxy_tensors",
+    "ModelRunner.forward",
+    "ModelRunner.sample",
+    "pp.send_proxy_tensors",
+    "pp.send_output",
+    "pp.recv_output",
+    "Scheduler.process_batch_result",
+)
+
+
+def _by_stage(golden: list[dict]) -> list[list[dict]]:
+    """The golden trace holds stage 0's iterations, then stage 1's; each begins with its pp_rank."""
+    stages, stage = [[], []], 0
+    for e in golden:
+        stage = e.get("pp_rank", stage) if e["event"] == "SchedulerPPMixin._pp_step" else stage
+        stages[stage].append(e)
+    return stages
+
+
+def _halves(events: list[dict]) -> set[tuple[str, ...]]:
+    """The distinct halves of a stage's iterations: launching a micro-batch (receive, run, send on) and
+    finishing one (receive its result, process it). An iteration may do both, or neither (idle)."""
+    halves, step = set(), []
+    for e in events + [{"event": "SchedulerPPMixin._pp_step", "phase": "begin"}]:
+        if e["event"] == "SchedulerPPMixin._pp_step" and e["phase"] == "begin":
+            names = tuple(step)
+            cut = next((i for i, n in enumerate(names) if n in CROSSING[-2:]), len(names))
+            halves |= {h for h in (names[:cut], names[cut:]) if h}
+            step = []
+        elif e["event"] in CROSSING and e["phase"] != "end":
+            step.append(e["event"])
+    return halves
+
+
+def _assert_crossings(per_stage: list[list[dict]]) -> None:
+    """What stage 0 sends, stage 1 receives, in the same order; what stage 1 samples comes back to stage 0."""
+    first, last = per_stage
+
+    def points(events, name, *keys):
+        return [[e[k] for k in keys] for e in events if e["event"] == name]
+
+    sent = points(first, "pp.send_proxy_tensors", "hidden_states", "residual")
+    assert sent and sent == points(last, "pp.recv_proxy_tensors", "hidden_states", "residual")
+    assert all(h == r for h, r in sent)  # hidden_states and residual: both [tokens, hidden]
+    assert points(last, "pp.send_output", "next_token_ids") == points(first, "pp.recv_output", "next_token_ids")
+
+
+def test_golden_trace_one_request_crosses_two_stages(tiny_llama):
+    """traces/pipeline_parallel.jsonl: a 4-token prompt's prefill, then its decode, each run by layer 0 on
+    stage 0 and layer 1 on stage 1; the token stage 1 samples is what stage 0 processes and decodes."""
+    per_stage = _by_stage(tracing.load_jsonl(TRACES_DIR / "pipeline_parallel.jsonl"))
+    _assert_crossings(per_stage)
+    for stage, events in enumerate(per_stage):
+        assert {e["layer_id"] for e in events if e["event"] == "RadixAttention.forward"} == {stage}
+        modes = [e["forward_mode"] for e in events if e["event"] == "ModelRunner.forward" and e["phase"] == "begin"]
+        assert modes == ["EXTEND", "DECODE"]
+    sent = [e["hidden_states"] for e in per_stage[0] if e["event"] == "pp.send_proxy_tensors"]
+    hidden = ModelConfig(tiny_llama).hidden_size  # the scenario's checkpoint is the tiny Llama too
+    assert sent == [[4, hidden], [1, hidden]]  # the prompt's 4 tokens, then one token
+
+
+@pytest.mark.slow  # two stage processes, ~17 s under load; the default pp 2 test compares its fresh trace's shape
+def test_pipeline_parallel_golden_trace_matches():
+    fresh, golden = fresh_and_golden("pipeline_parallel")
+    assert fresh == golden, "PP trace changed: review, then python -m minisgl.tools.refresh_traces pipeline_parallel"
 
 
 def _deep(arch: str, tmp_path_factory, layers: int) -> str:

@@ -81,6 +81,9 @@ class SchedulerPPMixin:
         if done is not None:
             result = self._pp_recv_output(next_mb_id)
             self.running_batch = self.running_mbs[next_mb_id]
+            tracing.point(
+                "Scheduler.process_batch_result", forward_mode=done.forward_mode.name, batch_size=len(done.reqs)
+            )
             self.process_batch_result(done, result)
             self.last_mbs[next_mb_id], self.mbs[next_mb_id] = done, None
         self.pp_send_works = [w for w in self.pp_send_works if not w.is_completed()]
@@ -111,14 +114,19 @@ class SchedulerPPMixin:
         pp_proxy_tensors = None
         if not self.pp_group.is_first_rank:
             pp_proxy_tensors = PPProxyTensors(self.pp_group.recv_tensor_dict(device=self.worker_info.device))
+            tracing.point("pp.recv_proxy_tensors", src=self.pp_group.prev_rank, **_shapes(pp_proxy_tensors))
         result = self.tp_worker.forward_batch_generation(
             batch.get_model_worker_batch(), pp_proxy_tensors=pp_proxy_tensors
         )
         if self.pp_group.is_last_rank:
             self.last_rank_outputs[mb_id] = result
             self.pp_send_works += self.pp_group.send_object(_for_the_scheduler(result), self.pp_group.next_rank)
+            if tracing.is_enabled():  # reading the ids waits for the device: only when recording
+                tracing.point("pp.send_output", dst=self.pp_group.next_rank, next_token_ids=_ids(result))
         else:
-            self.pp_send_works += self.pp_group.send_tensor_dict(result.pp_hidden_states_proxy_tensors.tensors)
+            proxy = result.pp_hidden_states_proxy_tensors
+            self.pp_send_works += self.pp_group.send_tensor_dict(proxy.tensors)
+            tracing.point("pp.send_proxy_tensors", dst=self.pp_group.next_rank, **_shapes(proxy))
 
     def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult":
         """The sampled result of micro-batch ``mb_id``: the last stage has it; stage 0 receives it from the
@@ -126,6 +134,8 @@ class SchedulerPPMixin:
         if self.pp_group.is_last_rank:
             return self.last_rank_outputs.pop(mb_id)
         result = self.pp_group.recv_object(self.pp_group.prev_rank)
+        if tracing.is_enabled():
+            tracing.point("pp.recv_output", src=self.pp_group.prev_rank, next_token_ids=_ids(result))
         if self.pp_group.rank_in_group < self.pp_group.world_size - 2:
             self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
         return result
@@ -136,3 +146,12 @@ def _for_the_scheduler(result: "GenerationBatchResult") -> "GenerationBatchResul
     not the [batch, vocab] logits they were sampled from."""
     out = dataclasses.replace(result.logits_output, next_token_logits=None)
     return dataclasses.replace(result, logits_output=out)
+
+
+def _shapes(proxy: PPProxyTensors) -> dict[str, list[int]]:
+    """A trace point's view of the tensors between stages: their names and shapes."""
+    return {k: list(t.shape) for k, t in proxy.tensors.items()}
+
+
+def _ids(result: "GenerationBatchResult") -> list[int]:
+    return result.next_token_ids.tolist()
