@@ -26,6 +26,7 @@ from minisgl.managers.scheduler_process import TRACE_DIR_ENV
 from minisgl.model_loader.loader import get_model
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
+from minisgl.tools import pp_timeline
 from minisgl.tools.make_tiny_model import make_tiny_model
 from minisgl.tools.refresh_traces import TRACES_DIR
 from tests._models import tiny_model_dir
@@ -285,6 +286,50 @@ def test_grammars_and_aborts_in_stages(tiny_llama):
         assert info["available_kv_tokens"] == info["max_total_num_tokens"]
 
 
+# Loaded by every stage process (a sitecustomize on their PYTHONPATH): stage 1's forward raises on any
+# batch that holds the poison token, which only the poisoned prompt has.
+FAIL_ON_STAGE_1 = """
+import os
+from minisgl.managers import tp_worker
+
+original = tp_worker.TpModelWorker.forward_batch_generation
+poison = int(os.environ["MINISGL_TEST_POISON_TOKEN"])
+
+
+def forward_batch_generation(self, model_worker_batch, *args, **kwargs):
+    if self.pp_rank == 1 and poison in list(model_worker_batch.input_ids):
+        raise RuntimeError("injected failure")
+    return original(self, model_worker_batch, *args, **kwargs)
+
+
+tp_worker.TpModelWorker.forward_batch_generation = forward_batch_generation
+"""
+
+
+@pytest.mark.slow
+def test_a_micro_batch_that_fails_on_a_stage_aborts_only_its_requests(tiny_llama, tmp_path, monkeypatch):
+    """As event_loop_normal isolates a failed batch: a forward that raises on stage 1 ends its micro-batch's
+    requests with the error, the other micro-batch's request is served, the KV pool is whole, and the
+    engine goes on serving."""
+    poison, other, after = [3, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15]
+    kw = dict(max_total_tokens=256, chunked_prefill_size=4, max_prefill_tokens=4, device="cpu")  # a prompt a prefill
+    with Engine(model_path=tiny_llama, **kw) as engine:
+        expected = engine.generate(input_ids=[other, after], sampling_params=GREEDY)
+    assert not any(3 in e["output_ids"] for e in expected)  # only the poisoned prompt holds the token
+    (tmp_path / "sitecustomize.py").write_text(FAIL_ON_STAGE_1)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("MINISGL_TEST_POISON_TOKEN", "3")
+    with Engine(model_path=tiny_llama, pp_size=2, **kw) as engine:
+        failed, served = engine.generate(input_ids=[poison, other], sampling_params=GREEDY)
+        reason = failed["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "pipeline stage 1: RuntimeError: injected failure" in reason["message"]
+        assert served["output_ids"] == expected[0]["output_ids"]
+        assert engine.generate(input_ids=after, sampling_params=GREEDY)["output_ids"] == expected[1]["output_ids"]
+        assert engine.flush_cache()
+        info = engine.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+
+
 @pytest.mark.slow
 def test_a_killed_stage_ends_the_server_with_an_error(tiny_llama):
     free_port = _free_port()
@@ -315,3 +360,24 @@ def test_a_killed_stage_ends_the_server_with_an_error(tiny_llama):
         assert time.monotonic() - killed_at < 30
     finally:
         server.kill()
+
+
+def test_bubble_is_each_stages_idle_share_of_the_window():
+    # Stage 0 busy [0, 2) and [3, 4), stage 1 busy [1, 3): a window of 4, idle 1/4 and 1/2.
+    idle, window = pp_timeline.bubble([[(0, 2), (3, 4)], [(1, 3)]])
+    assert (idle, window) == ([0.25, 0.5], 4)
+
+
+@pytest.mark.slow
+def test_the_timeline_is_recorded_from_both_stages(tiny_llama):
+    """pp_timeline.record (the book's figure) profiles a pp 2 run: both stages ran the same micro-batches,
+    one after another on each stage, and stage 1 began micro-batch k only after stage 0 had finished it
+    (its forward starts once the PPProxyTensors are in: the figure's pairing of the k-th forwards)."""
+    recording = pp_timeline.record(tiny_llama, prompts=4, input_len=8, output_len=3, max_prefill_tokens=16)
+    first, last = recording["stages_ms"]
+    assert len(first) == len(last) >= 4  # two prefill micro-batches, then decodes
+    for ranges in (first, last):
+        assert all(b <= e <= nb for (b, e), (nb, _) in zip(ranges, ranges[1:]))
+    assert all(e0 <= b1 for (_, e0), (b1, _) in zip(first, last))
+    idle, _ = pp_timeline.bubble([first, last])
+    assert all(0 <= b < 1 for b in idle)

@@ -22,13 +22,20 @@ waits for this one's next message. Communication rides the PP group (one per TP 
 shard of stage s talks to the same shard of stage s + 1); within stage 0 the requests are
 broadcast over the TP group as in event_loop_normal.
 
-Omitted: SGLang's async batch depth, disaggregation and the delayed sampling for grammars; a
-failed batch is not isolated (an exception ends the stage, and with it the server).
+A micro-batch whose forward raises on some stage aborts only its own requests, as a failed batch
+does in event_loop_normal (Scheduler.step_normal): the stage sends a PPStageError down the pipeline
+in place of the tensors, later stages skip the forward and pass it on, the last stage returns it as
+the micro-batch's result, and every stage aborts the batch when that result comes round, in the
+same iteration, so their schedulers and KV pools stay alike. An exception while scheduling or
+processing a result still ends the stage, and with it the server: the stages would not all see it.
+
+Omitted: SGLang's async batch depth, disaggregation and the delayed sampling for grammars.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Optional
 
@@ -40,6 +47,12 @@ if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
     from minisgl.managers.scheduler import Scheduler
     from minisgl.managers.tp_worker import GenerationBatchResult
+
+logger = logging.getLogger(__name__)
+
+
+class PPStageError(RuntimeError):
+    """A micro-batch's forward failed on a stage: what travels in place of its tensors and its result."""
 
 
 class SchedulerPPMixin:
@@ -81,10 +94,14 @@ class SchedulerPPMixin:
         if done is not None:
             result = self._pp_recv_output(next_mb_id)
             self.running_batch = self.running_mbs[next_mb_id]
-            tracing.point(
-                "Scheduler.process_batch_result", forward_mode=done.forward_mode.name, batch_size=len(done.reqs)
-            )
-            self.process_batch_result(done, result)
+            if isinstance(result, PPStageError):
+                self.abort_failed_batch(done, result)  # filters this micro-batch's running batch too
+                done = None  # as in step_normal, a failed batch does not join the running batch
+            else:
+                tracing.point(
+                    "Scheduler.process_batch_result", forward_mode=done.forward_mode.name, batch_size=len(done.reqs)
+                )
+                self.process_batch_result(done, result)
             self.last_mbs[next_mb_id], self.mbs[next_mb_id] = done, None
         self.pp_send_works = [w for w in self.pp_send_works if not w.is_completed()]
 
@@ -111,30 +128,43 @@ class SchedulerPPMixin:
     def _pp_launch_batch(self: "Scheduler", mb_id: int, batch: "ScheduleBatch") -> None:
         """Run this stage's layers on the micro-batch; hand the tensors on, or (the last stage) send the
         result back to stage 0."""
-        pp_proxy_tensors = None
+        pp_proxy_tensors, result = None, None
         if not self.pp_group.is_first_rank:
-            pp_proxy_tensors = PPProxyTensors(self.pp_group.recv_tensor_dict(device=self.worker_info.device))
-            tracing.point("pp.recv_proxy_tensors", src=self.pp_group.prev_rank, **_shapes(pp_proxy_tensors))
-        result = self.tp_worker.forward_batch_generation(
-            batch.get_model_worker_batch(), pp_proxy_tensors=pp_proxy_tensors
-        )
+            received = self.pp_group.recv_tensor_dict(device=self.worker_info.device)
+            if isinstance(received, PPStageError):
+                result = received  # an earlier stage failed on this micro-batch: nothing to run
+            else:
+                pp_proxy_tensors = PPProxyTensors(received)
+                tracing.point("pp.recv_proxy_tensors", src=self.pp_group.prev_rank, **_shapes(pp_proxy_tensors))
+        if result is None:
+            try:
+                result = self.tp_worker.forward_batch_generation(
+                    batch.get_model_worker_batch(), pp_proxy_tensors=pp_proxy_tensors
+                )
+            except Exception as e:
+                logger.exception("micro-batch %d failed on this stage; its requests are aborted", mb_id)
+                result = PPStageError(f"pipeline stage {self.pp_rank}: {type(e).__name__}: {e}")
+        failed = isinstance(result, PPStageError)
         if self.pp_group.is_last_rank:
             self.last_rank_outputs[mb_id] = result
-            self.pp_send_works += self.pp_group.send_object(_for_the_scheduler(result), self.pp_group.next_rank)
-            if tracing.is_enabled():  # reading the ids waits for the device: only when recording
+            out = result if failed else _for_the_scheduler(result)
+            self.pp_send_works += self.pp_group.send_object(out, self.pp_group.next_rank)
+            if tracing.is_enabled() and not failed:  # reading the ids waits for the device: only when recording
                 tracing.point("pp.send_output", dst=self.pp_group.next_rank, next_token_ids=_ids(result))
+        elif failed:  # in place of the tensors' header (GroupCoordinator.recv_tensor_dict returns it as is)
+            self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
         else:
             proxy = result.pp_hidden_states_proxy_tensors
             self.pp_send_works += self.pp_group.send_tensor_dict(proxy.tensors)
             tracing.point("pp.send_proxy_tensors", dst=self.pp_group.next_rank, **_shapes(proxy))
 
-    def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult":
+    def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult | PPStageError":
         """The sampled result of micro-batch ``mb_id``: the last stage has it; stage 0 receives it from the
         last, and every later stage from the one before it, passing it on to the stage after."""
         if self.pp_group.is_last_rank:
             return self.last_rank_outputs.pop(mb_id)
-        result = self.pp_group.recv_object(self.pp_group.prev_rank)
-        if tracing.is_enabled():
+        result = self.pp_group.recv_object(self.pp_group.prev_rank)  # or the PPStageError the last stage sent
+        if tracing.is_enabled() and not isinstance(result, PPStageError):
             tracing.point("pp.recv_output", src=self.pp_group.prev_rank, next_token_ids=_ids(result))
         if self.pp_group.rank_in_group < self.pp_group.world_size - 2:
             self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
