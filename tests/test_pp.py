@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing import forkserver
 
 import httpx
 import pytest
@@ -286,8 +287,8 @@ def test_grammars_and_aborts_in_stages(tiny_llama):
         assert info["available_kv_tokens"] == info["max_total_num_tokens"]
 
 
-# Loaded by every stage process (a sitecustomize on their PYTHONPATH): stage 1's forward raises on any
-# batch that holds the poison token, which only the poisoned prompt has.
+# Loaded by the forkserver the stage processes are forked from (a sitecustomize on its PYTHONPATH):
+# stage 1's forward raises on any batch that holds the poison token, which only the poisoned prompt has.
 FAIL_ON_STAGE_1 = """
 import os
 from minisgl.managers import tp_worker
@@ -319,15 +320,21 @@ def test_a_micro_batch_that_fails_on_a_stage_aborts_only_its_requests(tiny_llama
     (tmp_path / "sitecustomize.py").write_text(FAIL_ON_STAGE_1)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("MINISGL_TEST_POISON_TOKEN", "3")
-    with Engine(model_path=tiny_llama, pp_size=2, **kw) as engine:
-        failed, served = engine.generate(input_ids=[poison, other], sampling_params=GREEDY)
-        reason = failed["meta_info"]["finish_reason"]
-        assert reason["type"] == "abort" and "pipeline stage 1: RuntimeError: injected failure" in reason["message"]
-        assert served["output_ids"] == expected[0]["output_ids"]
-        assert engine.generate(input_ids=after, sampling_params=GREEDY)["output_ids"] == expected[1]["output_ids"]
-        assert engine.flush_cache()
-        info = engine.get_server_info()
-        assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+    # The ranks fork from one forkserver per test session, started with the environment of its time: a new
+    # one starts with this environment, and the next test gets a clean one again.
+    forkserver._forkserver._stop()
+    try:
+        with Engine(model_path=tiny_llama, pp_size=2, **kw) as engine:
+            failed, served = engine.generate(input_ids=[poison, other], sampling_params=GREEDY)
+            reason = failed["meta_info"]["finish_reason"]
+            assert reason["type"] == "abort" and "pipeline stage 1: RuntimeError: injected failure" in reason["message"]
+            assert served["output_ids"] == expected[0]["output_ids"]
+            assert engine.generate(input_ids=after, sampling_params=GREEDY)["output_ids"] == expected[1]["output_ids"]
+            assert engine.flush_cache()
+            info = engine.get_server_info()
+            assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+    finally:
+        forkserver._forkserver._stop()
 
 
 @pytest.mark.slow
