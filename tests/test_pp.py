@@ -159,12 +159,12 @@ def test_pp2_gives_one_process_tokens_logprobs_and_hidden_states(tiny_llama, tmp
 # What one loop iteration does with a micro-batch, in the order it does it (tools/refresh_traces.py's
 # pipeline_parallel scenario records the same events).
 CROSSING = (
-    "pp.recv_proxy_tensors",
+    "SchedulerPPMixin._pp_recv_proxy_tensors",
     "ModelRunner.forward",
     "ModelRunner.sample",
-    "pp.send_proxy_tensors",
-    "pp.send_output",
-    "pp.recv_output",
+    "SchedulerPPMixin._pp_send_dict_to_next_stage",
+    "SchedulerPPMixin._pp_send_output_to_next_stage",
+    "SchedulerPPMixin._pp_recv_output",
     "Scheduler.process_batch_result",
 )
 
@@ -197,13 +197,16 @@ def _assert_crossings(per_stage: list[list[dict]]) -> None:
     """What stage 0 sends, stage 1 receives, in the same order; what stage 1 samples comes back to stage 0."""
     first, last = per_stage
 
-    def points(events, name, *keys):
-        return [[e[k] for k in keys] for e in events if e["event"] == name]
+    def seen(events, method, *keys):
+        name = f"SchedulerPPMixin.{method}"
+        return [[e[k] for k in keys] for e in events if e["event"] == name and e["phase"] != "end"]
 
-    sent = points(first, "pp.send_proxy_tensors", "hidden_states", "residual")
-    assert sent and sent == points(last, "pp.recv_proxy_tensors", "hidden_states", "residual")
+    sent = seen(first, "_pp_send_dict_to_next_stage", "hidden_states", "residual")
+    assert sent and sent == seen(last, "_pp_recv_proxy_tensors", "hidden_states", "residual")
     assert all(h == r for h, r in sent)  # hidden_states and residual: both [tokens, hidden]
-    assert points(last, "pp.send_output", "next_token_ids") == points(first, "pp.recv_output", "next_token_ids")
+    assert seen(last, "_pp_send_output_to_next_stage", "next_token_ids") == seen(
+        first, "_pp_recv_output", "next_token_ids"
+    )
 
 
 def test_golden_trace_one_request_crosses_two_stages(tiny_llama):
@@ -215,7 +218,7 @@ def test_golden_trace_one_request_crosses_two_stages(tiny_llama):
         assert {e["layer_id"] for e in events if e["event"] == "RadixAttention.forward"} == {stage}
         modes = [e["forward_mode"] for e in events if e["event"] == "ModelRunner.forward" and e["phase"] == "begin"]
         assert modes == ["EXTEND", "DECODE"]
-    sent = [e["hidden_states"] for e in per_stage[0] if e["event"] == "pp.send_proxy_tensors"]
+    sent = [e["hidden_states"] for e in per_stage[0] if e["event"] == CROSSING[3] and e["phase"] == "begin"]
     hidden = ModelConfig(tiny_llama).hidden_size  # the scenario's checkpoint is the tiny Llama too
     assert sent == [[4, hidden], [1, hidden]]  # the prompt's 4 tokens, then one token
 

@@ -1,7 +1,8 @@
 """SchedulerPPMixin: the scheduler loop of one pipeline stage, with micro-batches in flight.
 
 Mirrors event_loop_pp in python/sglang/srt/managers/scheduler_pp_mixin.py:47 (init_pp_loop_state,
-_pp_recv_proxy_tensors, _pp_send_dict_to_next_stage, _pp_process_batch_result). Every stage runs
+_pp_recv_proxy_tensors :929, _pp_send_dict_to_next_stage :912, _pp_send_output_to_next_stage :988,
+_pp_process_batch_result). Every stage runs
 the same scheduler over the same requests, making the same decisions in the same order, as TP
 ranks do; what differs is who computes what:
 
@@ -127,15 +128,12 @@ class SchedulerPPMixin:
 
     def _pp_launch_batch(self: "Scheduler", mb_id: int, batch: "ScheduleBatch") -> None:
         """Run this stage's layers on the micro-batch; hand the tensors on, or (the last stage) send the
-        result back to stage 0."""
+        result back to stage 0. A forward that raises becomes a PPStageError, sent in their place."""
         pp_proxy_tensors, result = None, None
         if not self.pp_group.is_first_rank:
-            received = self.pp_group.recv_tensor_dict(device=self.worker_info.device)
-            if isinstance(received, PPStageError):
-                result = received  # an earlier stage failed on this micro-batch: nothing to run
-            else:
-                pp_proxy_tensors = PPProxyTensors(received)
-                tracing.point("pp.recv_proxy_tensors", src=self.pp_group.prev_rank, **_shapes(pp_proxy_tensors))
+            pp_proxy_tensors = self._pp_recv_proxy_tensors()
+            if isinstance(pp_proxy_tensors, PPStageError):
+                result = pp_proxy_tensors  # an earlier stage failed on this micro-batch: nothing to run
         if result is None:
             try:
                 result = self.tp_worker.forward_batch_generation(
@@ -144,28 +142,46 @@ class SchedulerPPMixin:
             except Exception as e:
                 logger.exception("micro-batch %d failed on this stage; its requests are aborted", mb_id)
                 result = PPStageError(f"pipeline stage {self.pp_rank}: {type(e).__name__}: {e}")
-        failed = isinstance(result, PPStageError)
         if self.pp_group.is_last_rank:
             self.last_rank_outputs[mb_id] = result
-            out = result if failed else _for_the_scheduler(result)
-            self.pp_send_works += self.pp_group.send_object(out, self.pp_group.next_rank)
-            if tracing.is_enabled() and not failed:  # reading the ids waits for the device: only when recording
-                tracing.point("pp.send_output", dst=self.pp_group.next_rank, next_token_ids=_ids(result))
-        elif failed:  # in place of the tensors' header (GroupCoordinator.recv_tensor_dict returns it as is)
-            self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
+            self._pp_send_output_to_next_stage(result)
+        elif isinstance(result, PPStageError):
+            self._pp_send_dict_to_next_stage(result)
         else:
-            proxy = result.pp_hidden_states_proxy_tensors
+            self._pp_send_dict_to_next_stage(result.pp_hidden_states_proxy_tensors)
+
+    def _pp_recv_proxy_tensors(self: "Scheduler") -> "PPProxyTensors | PPStageError":
+        """The previous stage's tensors for this micro-batch, or the PPStageError it sent in their place."""
+        received = self.pp_group.recv_tensor_dict(device=self.worker_info.device)
+        if isinstance(received, PPStageError):
+            return received
+        proxy = PPProxyTensors(received)
+        tracing.point("SchedulerPPMixin._pp_recv_proxy_tensors", src=self.pp_group.prev_rank, **_traced(proxy))
+        return proxy
+
+    @tracing.traced(attrs=lambda self, proxy: {"dst": self.pp_group.next_rank, **_traced(proxy)})
+    def _pp_send_dict_to_next_stage(self: "Scheduler", proxy: "PPProxyTensors | PPStageError") -> None:
+        """Hand the tensors to the next stage; a PPStageError goes in place of their header (which
+        GroupCoordinator.recv_tensor_dict then returns as is)."""
+        if isinstance(proxy, PPStageError):
+            self.pp_send_works += self.pp_group.send_object(proxy, self.pp_group.next_rank)
+        else:
             self.pp_send_works += self.pp_group.send_tensor_dict(proxy.tensors)
-            tracing.point("pp.send_proxy_tensors", dst=self.pp_group.next_rank, **_shapes(proxy))
+
+    @tracing.traced(attrs=lambda self, result: {"dst": self.pp_group.next_rank, **_traced(result)})
+    def _pp_send_output_to_next_stage(self: "Scheduler", result: "GenerationBatchResult | PPStageError") -> None:
+        """The last stage sends a micro-batch's result (or its PPStageError) to stage 0."""
+        out = result if isinstance(result, PPStageError) else _for_the_scheduler(result)
+        self.pp_send_works += self.pp_group.send_object(out, self.pp_group.next_rank)
 
     def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult | PPStageError":
         """The sampled result of micro-batch ``mb_id``: the last stage has it; stage 0 receives it from the
         last, and every later stage from the one before it, passing it on to the stage after."""
         if self.pp_group.is_last_rank:
             return self.last_rank_outputs.pop(mb_id)
-        result = self.pp_group.recv_object(self.pp_group.prev_rank)  # or the PPStageError the last stage sent
-        if tracing.is_enabled() and not isinstance(result, PPStageError):
-            tracing.point("pp.recv_output", src=self.pp_group.prev_rank, next_token_ids=_ids(result))
+        result = self.pp_group.recv_object(self.pp_group.prev_rank)
+        if tracing.is_enabled():  # reading the ids waits for the device: only when recording
+            tracing.point("SchedulerPPMixin._pp_recv_output", src=self.pp_group.prev_rank, **_traced(result))
         if self.pp_group.rank_in_group < self.pp_group.world_size - 2:
             self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
         return result
@@ -178,10 +194,11 @@ def _for_the_scheduler(result: "GenerationBatchResult") -> "GenerationBatchResul
     return dataclasses.replace(result, logits_output=out)
 
 
-def _shapes(proxy: PPProxyTensors) -> dict[str, list[int]]:
-    """A trace point's view of the tensors between stages: their names and shapes."""
-    return {k: list(t.shape) for k, t in proxy.tensors.items()}
-
-
-def _ids(result: "GenerationBatchResult") -> list[int]:
-    return result.next_token_ids.tolist()
+def _traced(what: "PPProxyTensors | GenerationBatchResult | PPStageError") -> dict:
+    """A trace event's view of what crosses between stages: the tensors' shapes, a result's token ids,
+    or the error."""
+    if isinstance(what, PPStageError):
+        return {"error": str(what)}
+    if isinstance(what, PPProxyTensors):
+        return {k: list(t.shape) for k, t in what.tensors.items()}
+    return {"next_token_ids": what.next_token_ids.tolist()}

@@ -196,14 +196,13 @@ def pipeline_parallel(workdir: str) -> list[dict]:
         pp_size=2,
     )
     keep = (
-        "SchedulerPPMixin._pp_step",
+        "SchedulerPPMixin.",
         "Scheduler.recv_requests",
         "Scheduler.get_next_batch_to_run",
         "Scheduler.process_batch_result",
         "ModelRunner.forward",
         "RadixAttention.forward",
         "ModelRunner.sample",
-        "pp.",
     )
     return [e for events in per_stage for e in _busy_pp_steps(events, 2) if e["event"].startswith(keep)]
 
