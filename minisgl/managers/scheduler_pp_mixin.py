@@ -145,10 +145,9 @@ class SchedulerPPMixin:
         if self.pp_group.is_last_rank:
             self.last_rank_outputs[mb_id] = result
             self._pp_send_output_to_next_stage(result)
-        elif isinstance(result, PPStageError):
-            self._pp_send_dict_to_next_stage(result)
         else:
-            self._pp_send_dict_to_next_stage(result.pp_hidden_states_proxy_tensors)
+            failed = isinstance(result, PPStageError)
+            self._pp_send_dict_to_next_stage(result if failed else result.pp_hidden_states_proxy_tensors)
 
     def _pp_recv_proxy_tensors(self: "Scheduler") -> "PPProxyTensors | PPStageError":
         """The previous stage's tensors for this micro-batch, or the PPStageError it sent in their place."""
@@ -180,7 +179,7 @@ class SchedulerPPMixin:
         if self.pp_group.is_last_rank:
             return self.last_rank_outputs.pop(mb_id)
         result = self.pp_group.recv_object(self.pp_group.prev_rank)
-        if tracing.is_enabled():  # reading the ids waits for the device: only when recording
+        if tracing.is_enabled():  # the ids as a list only when recording
             tracing.point("SchedulerPPMixin._pp_recv_output", src=self.pp_group.prev_rank, **_traced(result))
         if self.pp_group.rank_in_group < self.pp_group.world_size - 2:
             self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
