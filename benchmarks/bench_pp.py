@@ -10,10 +10,11 @@ output tok/s and each one's ratio to one process, all measured in this run. With
 the requests arrive in several prefill micro-batches, so both pipeline slots are used.
 
 The pipeline's bubble is measured from a torch-profiler trace of the pp 2 run (Engine.start_profile:
-one Chrome trace per stage, -PP-<stage>-TP-0): each stage's busy time is the sum of its
-TpModelWorker.forward_batch_generation ranges, and its bubble is the share of the window (first
-forward begun to last forward ended, on any stage) it spent outside them. A text timeline of the
-first forwards shows the micro-batches crossing the stages. On a 2-core CPU the stages' OpenMP
+one Chrome trace per stage, -PP-<stage>-TP-0) as minisgl/tools/pp_timeline.py measures it: each
+stage's busy time is the sum of its TpModelWorker.forward_batch_generation ranges, and its bubble is
+the share of the window (first forward begun to last forward ended, on any stage) it spent outside
+them. A text timeline of the first forwards shows the micro-batches crossing the stages (the tool
+draws the book's figure from a recording of its own). On a 2-core CPU the stages' OpenMP
 threads share the same cores, so no gain is expected: the ratios show what the communication and
 the extra processes cost.
 """
@@ -21,8 +22,6 @@ the extra processes cost.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import sys
 import tempfile
@@ -34,8 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisgl.entrypoints.engine import Engine  # noqa: E402
 from minisgl.tools.make_tiny_model import make_tiny_model  # noqa: E402
-
-FORWARD = "TpModelWorker.forward_batch_generation"
+from minisgl.tools.pp_timeline import bubble_line, stage_ranges  # noqa: E402
 
 
 def run(model: str, prompts: list[list[int]], output_len: int, profile_dir=None, **kwargs) -> tuple[float, int]:
@@ -50,25 +48,6 @@ def run(model: str, prompts: list[list[int]], output_len: int, profile_dir=None,
         if profile_dir:
             engine.stop_profile()
     return elapsed, sum(len(o["output_ids"]) for o in out)
-
-
-def forward_ranges(trace_path: str) -> list[tuple[float, float]]:
-    """(begin, end) in microseconds on the machine's clock, of every forward range in one stage's trace."""
-    with open(trace_path) as f:
-        trace = json.load(f)
-    base_us = trace.get("baseTimeNanoseconds", 0) / 1000  # kineto's ts are relative to this
-    return sorted(
-        (base_us + e["ts"], base_us + e["ts"] + e["dur"])
-        for e in trace["traceEvents"]
-        if e.get("name") == FORWARD and e.get("ph") == "X"
-    )
-
-
-def bubble(stages: list[list[tuple[float, float]]]) -> tuple[list[float], float]:
-    """Each stage's idle share of the window in which any stage ran a forward, and the window (s)."""
-    start = min(r[0][0] for r in stages)
-    end = max(r[-1][1] for r in stages)
-    return [1 - sum(e - b for b, e in r) / (end - start) for r in stages], (end - start) / 1e6
 
 
 def timeline(stages: list[list[tuple[float, float]]], width: int = 100, first: int = 12) -> str:
@@ -117,13 +96,8 @@ def main() -> None:
     print(f"{'config':<14}{'wall s':>9}{'out tok/s':>11}{'vs best one':>13}")
     for name, (elapsed, rate) in rates.items():
         print(f"{name:<14}{elapsed:>9.2f}{rate:>11.1f}{rate / best_one:>13.2f}")
-    traces = [sorted(glob.glob(os.path.join(profile_dir, f"*-PP-{p}-TP-0.trace.json")))[-1] for p in range(2)]
-    stages = [forward_ranges(t) for t in traces]
-    idle, window = bubble(stages)
-    print(
-        f"pp 2 bubble over {window:.2f} s of forwards: "
-        + ", ".join(f"stage {p} idle {b:.0%}" for p, b in enumerate(idle))
-    )
+    stages = stage_ranges(profile_dir, 2)
+    print(bubble_line(stages, 1e-6))  # the ranges are in microseconds
     print(timeline(stages))
 
 

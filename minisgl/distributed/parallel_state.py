@@ -125,10 +125,13 @@ class GroupCoordinator:
         return works + [dist.isend(t.contiguous(), dst, group=self.device_group) for t in tensors.values()]
 
     def recv_tensor_dict(self, src: Optional[int] = None, device: str = "cpu") -> dict[str, torch.Tensor]:
+        """The named tensors send_tensor_dict sent; or, where the sender had none and sent an object of
+        another kind with send_object (a pipeline stage whose forward failed), that object."""
         src = self.prev_rank if src is None else src
-        tensors = {
-            k: torch.empty(shape, dtype=dtype, device=device) for k, (shape, dtype) in self.recv_object(src).items()
-        }
+        header = self.recv_object(src)
+        if not isinstance(header, dict):
+            return header
+        tensors = {k: torch.empty(shape, dtype=dtype, device=device) for k, (shape, dtype) in header.items()}
         for t in tensors.values():
             dist.recv(t, src, group=self.device_group)
         return tensors

@@ -1,7 +1,8 @@
 """SchedulerPPMixin: the scheduler loop of one pipeline stage, with micro-batches in flight.
 
 Mirrors event_loop_pp in python/sglang/srt/managers/scheduler_pp_mixin.py:47 (init_pp_loop_state,
-_pp_recv_proxy_tensors, _pp_send_dict_to_next_stage, _pp_process_batch_result). Every stage runs
+_pp_recv_proxy_tensors :929, _pp_send_dict_to_next_stage :912, _pp_send_output_to_next_stage :988,
+_pp_process_batch_result). Every stage runs
 the same scheduler over the same requests, making the same decisions in the same order, as TP
 ranks do; what differs is who computes what:
 
@@ -22,13 +23,20 @@ waits for this one's next message. Communication rides the PP group (one per TP 
 shard of stage s talks to the same shard of stage s + 1); within stage 0 the requests are
 broadcast over the TP group as in event_loop_normal.
 
-Omitted: SGLang's async batch depth, disaggregation and the delayed sampling for grammars; a
-failed batch is not isolated (an exception ends the stage, and with it the server).
+A micro-batch whose forward raises on some stage aborts only its own requests, as a failed batch
+does in event_loop_normal (Scheduler.step_normal): the stage sends a PPStageError down the pipeline
+in place of the tensors, later stages skip the forward and pass it on, the last stage returns it as
+the micro-batch's result, and every stage aborts the batch when that result comes round, in the
+same iteration, so their schedulers and KV pools stay alike. An exception while scheduling or
+processing a result still ends the stage, and with it the server: the stages would not all see it.
+
+Omitted: SGLang's async batch depth, disaggregation and the delayed sampling for grammars.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Optional
 
@@ -40,6 +48,12 @@ if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
     from minisgl.managers.scheduler import Scheduler
     from minisgl.managers.tp_worker import GenerationBatchResult
+
+logger = logging.getLogger(__name__)
+
+
+class PPStageError(RuntimeError):
+    """A micro-batch's forward failed on a stage: what travels in place of its tensors and its result."""
 
 
 class SchedulerPPMixin:
@@ -81,7 +95,14 @@ class SchedulerPPMixin:
         if done is not None:
             result = self._pp_recv_output(next_mb_id)
             self.running_batch = self.running_mbs[next_mb_id]
-            self.process_batch_result(done, result)
+            if isinstance(result, PPStageError):
+                self.abort_failed_batch(done, result)  # filters this micro-batch's running batch too
+                done = None  # as in step_normal, a failed batch does not join the running batch
+            else:
+                tracing.point(
+                    "Scheduler.process_batch_result", forward_mode=done.forward_mode.name, batch_size=len(done.reqs)
+                )
+                self.process_batch_result(done, result)
             self.last_mbs[next_mb_id], self.mbs[next_mb_id] = done, None
         self.pp_send_works = [w for w in self.pp_send_works if not w.is_completed()]
 
@@ -107,25 +128,59 @@ class SchedulerPPMixin:
 
     def _pp_launch_batch(self: "Scheduler", mb_id: int, batch: "ScheduleBatch") -> None:
         """Run this stage's layers on the micro-batch; hand the tensors on, or (the last stage) send the
-        result back to stage 0."""
-        pp_proxy_tensors = None
+        result back to stage 0. A forward that raises becomes a PPStageError, sent in their place."""
+        pp_proxy_tensors, result = None, None
         if not self.pp_group.is_first_rank:
-            pp_proxy_tensors = PPProxyTensors(self.pp_group.recv_tensor_dict(device=self.worker_info.device))
-        result = self.tp_worker.forward_batch_generation(
-            batch.get_model_worker_batch(), pp_proxy_tensors=pp_proxy_tensors
-        )
+            pp_proxy_tensors = self._pp_recv_proxy_tensors()
+            if isinstance(pp_proxy_tensors, PPStageError):
+                result = pp_proxy_tensors  # an earlier stage failed on this micro-batch: nothing to run
+        if result is None:
+            try:
+                result = self.tp_worker.forward_batch_generation(
+                    batch.get_model_worker_batch(), pp_proxy_tensors=pp_proxy_tensors
+                )
+            except Exception as e:
+                logger.exception("micro-batch %d failed on this stage; its requests are aborted", mb_id)
+                result = PPStageError(f"pipeline stage {self.pp_rank}: {type(e).__name__}: {e}")
         if self.pp_group.is_last_rank:
             self.last_rank_outputs[mb_id] = result
-            self.pp_send_works += self.pp_group.send_object(_for_the_scheduler(result), self.pp_group.next_rank)
+            self._pp_send_output_to_next_stage(result)
         else:
-            self.pp_send_works += self.pp_group.send_tensor_dict(result.pp_hidden_states_proxy_tensors.tensors)
+            failed = isinstance(result, PPStageError)
+            self._pp_send_dict_to_next_stage(result if failed else result.pp_hidden_states_proxy_tensors)
 
-    def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult":
+    def _pp_recv_proxy_tensors(self: "Scheduler") -> "PPProxyTensors | PPStageError":
+        """The previous stage's tensors for this micro-batch, or the PPStageError it sent in their place."""
+        received = self.pp_group.recv_tensor_dict(device=self.worker_info.device)
+        if isinstance(received, PPStageError):
+            return received
+        proxy = PPProxyTensors(received)
+        tracing.point("SchedulerPPMixin._pp_recv_proxy_tensors", src=self.pp_group.prev_rank, **_traced(proxy))
+        return proxy
+
+    @tracing.traced(attrs=lambda self, proxy: {"dst": self.pp_group.next_rank, **_traced(proxy)})
+    def _pp_send_dict_to_next_stage(self: "Scheduler", proxy: "PPProxyTensors | PPStageError") -> None:
+        """Hand the tensors to the next stage; a PPStageError goes in place of their header (which
+        GroupCoordinator.recv_tensor_dict then returns as is)."""
+        if isinstance(proxy, PPStageError):
+            self.pp_send_works += self.pp_group.send_object(proxy, self.pp_group.next_rank)
+        else:
+            self.pp_send_works += self.pp_group.send_tensor_dict(proxy.tensors)
+
+    @tracing.traced(attrs=lambda self, result: {"dst": self.pp_group.next_rank, **_traced(result)})
+    def _pp_send_output_to_next_stage(self: "Scheduler", result: "GenerationBatchResult | PPStageError") -> None:
+        """The last stage sends a micro-batch's result (or its PPStageError) to stage 0."""
+        out = result if isinstance(result, PPStageError) else _for_the_scheduler(result)
+        self.pp_send_works += self.pp_group.send_object(out, self.pp_group.next_rank)
+
+    def _pp_recv_output(self: "Scheduler", mb_id: int) -> "GenerationBatchResult | PPStageError":
         """The sampled result of micro-batch ``mb_id``: the last stage has it; stage 0 receives it from the
         last, and every later stage from the one before it, passing it on to the stage after."""
         if self.pp_group.is_last_rank:
             return self.last_rank_outputs.pop(mb_id)
         result = self.pp_group.recv_object(self.pp_group.prev_rank)
+        if tracing.is_enabled():  # the ids as a list only when recording
+            tracing.point("SchedulerPPMixin._pp_recv_output", src=self.pp_group.prev_rank, **_traced(result))
         if self.pp_group.rank_in_group < self.pp_group.world_size - 2:
             self.pp_send_works += self.pp_group.send_object(result, self.pp_group.next_rank)
         return result
@@ -136,3 +191,13 @@ def _for_the_scheduler(result: "GenerationBatchResult") -> "GenerationBatchResul
     not the [batch, vocab] logits they were sampled from."""
     out = dataclasses.replace(result.logits_output, next_token_logits=None)
     return dataclasses.replace(result, logits_output=out)
+
+
+def _traced(what: "PPProxyTensors | GenerationBatchResult | PPStageError") -> dict:
+    """A trace event's view of what crosses between stages: the tensors' shapes, a result's token ids,
+    or the error."""
+    if isinstance(what, PPStageError):
+        return {"error": str(what)}
+    if isinstance(what, PPProxyTensors):
+        return {k: list(t.shape) for k, t in what.tensors.items()}
+    return {"next_token_ids": what.next_token_ids.tolist()}

@@ -5,7 +5,8 @@
     python -m minisgl.tools.make_figures --out DIR  # write the figures into DIR instead
 
 The data comes from minisgl/tools/figure_data.py (the engine on tiny checkpoints) and from
-the golden traces; it is saved as data.json beside the SVGs. The SVGs are deterministic:
+the golden traces; it is saved as data.json beside the SVGs. The pipeline timeline is drawn from a
+recorded run, pp_timeline.json (python -m minisgl.tools.pp_timeline records it anew). The SVGs are deterministic:
 text stays text (svg.fonttype none), a fixed hash salt, no date in the metadata. The
 request's life is a Mermaid sequence diagram, generated from its trace into the chapter.
 tests/test_docs_figures.py regenerates everything and compares.
@@ -275,11 +276,20 @@ def build(out: Path, data: dict) -> None:
     draw_model_config(data["model_config"], out)
     draw_overlap_timeline(data["overlap_timeline"], out)
     draw_eagle_tree(tracing.load_jsonl(traces / "eagle_decoding.jsonl"), out)
+    draw_recorded_figures(out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     # The SVG bytes depend on matplotlib's version; the test compares bytes only under the same one.
     import matplotlib
 
     (out / "drawn_with.txt").write_text(f"matplotlib {matplotlib.__version__}\n", encoding="utf-8")
+
+
+def draw_recorded_figures(out: Path) -> None:
+    """Figures of measured times, drawn from a committed recording: a fresh run's times differ, so only
+    the drawing is checked here. `python -m minisgl.tools.pp_timeline` records pp_timeline.json anew."""
+    from minisgl.tools import pp_timeline
+
+    pp_timeline.draw(json.loads((FIGURES / "pp_timeline.json").read_text(encoding="utf-8")), out)
 
 
 def main() -> None:

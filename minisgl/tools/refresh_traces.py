@@ -133,9 +133,9 @@ def side_outputs(workdir: str) -> list[dict]:
 
 
 def run_tp_engine(path: str, trace_dir: Path, generate_kwargs: dict, **engine_kwargs) -> tuple[list, list[list[dict]]]:
-    """Run an Engine with tensor parallelism, its ranks tracing into trace_dir; return
-    its results and each rank's events (rank order). The ranks are separate processes,
-    so each writes its own trace file when the Engine shuts it down."""
+    """Run an Engine with tensor (or pipeline) parallelism, its ranks tracing into trace_dir;
+    return its results and each rank's events (rank order: stage by stage, TP rank within).
+    The ranks are separate processes, so each writes its own trace file when the Engine shuts it down."""
     from minisgl.managers.scheduler_process import TRACE_DIR_ENV
 
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +152,9 @@ def run_tp_engine(path: str, trace_dir: Path, generate_kwargs: dict, **engine_kw
             os.environ.pop(TRACE_DIR_ENV)
         else:
             os.environ[TRACE_DIR_ENV] = previous
-    tp_size = engine.server_args.tp_size
-    return results, [tracing.load_jsonl(trace_dir / f"tp{r}.jsonl") for r in range(tp_size)]
+    tp, pp = engine.server_args.tp_size, engine.server_args.pp_size
+    names = [f"pp{p}_tp{r}" if pp > 1 else f"tp{r}" for p in range(pp) for r in range(tp)]  # run_scheduler_process's
+    return results, [tracing.load_jsonl(trace_dir / f"{n}.jsonl") for n in names]
 
 
 def tensor_parallel(workdir: str) -> list[dict]:
@@ -180,6 +181,57 @@ def tensor_parallel(workdir: str) -> list[dict]:
         "Scheduler.get_next_batch_to_run",
     )
     return [e for events in per_rank for e in events if e["event"].startswith(keep)]
+
+
+def pipeline_parallel(workdir: str) -> list[dict]:
+    """Issue 32, pp 2 on the tiny 2-layer Llama: one request's prefill micro-batch, then its decode
+    micro-batch, crossing the two stages. Stage 0 runs layer 0 and sends PPProxyTensors (hidden_states
+    and residual, [tokens, hidden]) on; stage 1 receives them, runs layer 1, samples, and sends the
+    next token ids back to stage 0; both process the result one iteration later. Stage 0's events,
+    then stage 1's."""
+    _, per_stage = run_tp_engine(
+        _tiny("llama", workdir),
+        Path(workdir) / "pp-traces",
+        dict(input_ids=PROMPTS[0], sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}),
+        pp_size=2,
+    )
+    keep = (
+        "SchedulerPPMixin.",
+        "Scheduler.recv_requests",
+        "Scheduler.get_next_batch_to_run",
+        "Scheduler.process_batch_result",
+        "ModelRunner.forward",
+        "RadixAttention.forward",
+        "ModelRunner.sample",
+    )
+    return [e for events in per_stage for e in _busy_pp_steps(events, 2) if e["event"].startswith(keep)]
+
+
+def _busy_pp_steps(events: list[dict], pp_size: int) -> list[dict]:
+    """The events of the loop iterations that launch or finish a micro-batch, their slots numbered
+    from the first. The others depend on timing, not on the code path: an idle stage 0 polls the
+    front end for up to a second per iteration (Scheduler.recv_requests), and every stage runs one
+    iteration per stage-0 iteration, so how many idle iterations come before the request, after it
+    and around the shutdown depends on when the Engine's messages arrive, and so does the slot
+    (mb_id cycles through 0..pp_size-1 every iteration) the request first lands in."""
+    steps, current, depth = [], None, 0
+    for e in events:
+        if e["event"] == "SchedulerPPMixin._pp_step" and e["phase"] == "begin":
+            current, depth = [], 0
+        if current is None:
+            continue
+        current.append(e)
+        depth += {"begin": 1, "end": -1}.get(e["phase"], 0)
+        if depth == 0:
+            if any(
+                x["event"] in ("Scheduler.get_next_batch_to_run", "Scheduler.process_batch_result") for x in current
+            ):
+                steps.append(current)
+            current = None
+    first = steps[0][0]["mb_id"] if steps else 0
+    for step in steps:
+        step[0] = {**step[0], "mb_id": (step[0]["mb_id"] - first) % pp_size}
+    return [e for step in steps for e in step]
 
 
 def speculative_decoding(workdir: str) -> list[dict]:
@@ -273,6 +325,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "attention_backend_triton": attention_backend_triton,
     "side_outputs": side_outputs,
     "tensor_parallel": tensor_parallel,
+    "pipeline_parallel": pipeline_parallel,
     "speculative_decoding": speculative_decoding,
     "eagle_decoding": eagle_decoding,
     "mla_personality": mla_personality,
