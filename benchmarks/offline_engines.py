@@ -68,9 +68,9 @@ def _instrument_decode_overhead(engine) -> _DecodeOverhead:
     scheduler, runner = engine.scheduler, engine.scheduler.tp_worker.model_runner
     step, forward = scheduler.step, runner.forward
 
-    def timed_forward(forward_batch):
+    def timed_forward(forward_batch, **kwargs):  # kwargs: ModelRunner.forward's (pp_proxy_tensors)
         start = time.perf_counter()
-        out = forward(forward_batch)
+        out = forward(forward_batch, **kwargs)
         stats._forward_this_step = time.perf_counter() - start
         stats._big_decode = forward_batch.forward_mode.is_decode() and forward_batch.batch_size >= stats.min_bs
         return out
