@@ -9,7 +9,8 @@ batch for the whole measurement (the free ones ignore EOS, the constrained ones 
 that cannot end sooner), so each decode step has the same batch size. Printed per step
 (median over the timed steps): the whole step (run_batch + process_batch_result, which
 includes building the mask, applying it, and advancing every matcher), the part spent in
-ModelRunner._preprocess_logits, and the step's overhead over the free batch; then the time to
+ModelRunner._preprocess_logits (filling and applying the mask: the mask's cost) and its share of
+the step, and the step's overhead over the free batch (which also counts advancing the matchers); then the time to
 apply one batch's mask with xgrammar's CPU kernel and with minisgl's, alternating. Measured, not
 asserted; name the CPU (lscpu) beside the numbers.
 """
@@ -127,13 +128,13 @@ def main() -> None:
     ]
     print(f"SmolLM2-135M {args.dtype}, batch {args.batch}, {torch.get_num_threads()} threads, "
           f"median of {args.steps} decode steps")  # fmt: skip
-    print(f"{'config':<12} {'step ms':>9} {'_preprocess_logits ms':>22} {'overhead vs free':>17}")
+    print(f"{'config':<12} {'step ms':>9} {'_preprocess_logits ms':>22} {'share of step':>14} {'overhead vs free':>17}")
     free_ms = None
     for name, extra in CONFIGS.items():
         step, pre = measure(engine, prompts, extra, args.steps)
         free_ms = free_ms or step * 1e3
         overhead = f"{step * 1e3 - free_ms:+.2f} ms ({(step * 1e3 / free_ms - 1) * 100:+.0f}%)"
-        print(f"{name:<12} {step * 1e3:>9.2f} {pre * 1e3:>22.3f} {overhead:>17}")
+        print(f"{name:<12} {step * 1e3:>9.2f} {pre * 1e3:>22.3f} {100 * pre / step:>13.1f}% {overhead:>17}")
     for kind, spec in (("regex", CONFIGS["regex"]["regex"]), ("json", CONFIGS["json_schema"]["json_schema"])):
         theirs, ours = mask_apply_ms(engine, args.batch, kind, spec)
         print(f"applying a {kind} mask to {args.batch} rows: xgrammar's CPU kernel {theirs:.3f} ms, "

@@ -7,15 +7,12 @@ scripts, peer_vllm.py and peer_llama_cpp.py, run with their own interpreters).
 from __future__ import annotations
 
 import json
-import resource
+import os
 import time
 
 import torch
+from peer_llama_cpp import peak_rss_mb
 from workload import make_workload
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def run_minisgl(path, workload, dtype, max_total_tokens):
@@ -68,9 +65,9 @@ def _instrument_decode_overhead(engine) -> _DecodeOverhead:
     scheduler, runner = engine.scheduler, engine.scheduler.tp_worker.model_runner
     step, forward = scheduler.step, runner.forward
 
-    def timed_forward(forward_batch):
+    def timed_forward(forward_batch, **kwargs):  # kwargs: ModelRunner.forward's (pp_proxy_tensors)
         start = time.perf_counter()
-        out = forward(forward_batch)
+        out = forward(forward_batch, **kwargs)
         stats._forward_this_step = time.perf_counter() - start
         stats._big_decode = forward_batch.forward_mode.is_decode() and forward_batch.batch_size >= stats.min_bs
         return out
@@ -143,5 +140,8 @@ def worker_main(args, workload_kwargs) -> None:
         out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
     else:
         out = run_hf(args.model_path, workload, args.dtype, "padded", int(args.engine.removeprefix("hf-padded-")))
-    out["peak_rss_mb"] = peak_rss_mb()
+    # VmHWM, not getrusage's ru_maxrss: a child's ru_maxrss starts at its parent's high-water mark
+    # (kept across fork and exec), and bench_offline's parent has touched a 1 GiB buffer to
+    # measure DRAM bandwidth, so every engine's peak read about 1.5 GB whatever the dtype.
+    out["peak_rss_mb"] = peak_rss_mb(os.getpid())
     print("RESULT " + json.dumps(out), flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
@@ -21,6 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_llama_cpp import peak_rss_mb  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def main() -> None:
                 "tok_s": tokens / elapsed,
                 "seconds": elapsed,
                 "startup_s": startup,
-                "peak_rss_mb": max(tree_rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "peak_rss_mb": max(tree_rss, peak_rss_mb(os.getpid())),  # VmHWM: see offline_engines
                 "outputs": [list(o.outputs[0].token_ids) for o in outs],
             }
         )

@@ -55,11 +55,11 @@ def main() -> None:
     phases: dict[str, list] = {"prefill": [], "decode": []}
     forward = runner.forward
 
-    def profiled_forward(forward_batch):
+    def profiled_forward(forward_batch, **kwargs):  # kwargs: ModelRunner.forward's (pp_proxy_tensors)
         phase = "decode" if forward_batch.forward_mode.is_decode() else "prefill"
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
-            out = forward(forward_batch)
+            out = forward(forward_batch, **kwargs)
             elapsed = time.perf_counter() - start
         phases[phase].append((elapsed, prof, forward_batch.input_ids.shape[0]))
         return out

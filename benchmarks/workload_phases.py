@@ -38,9 +38,9 @@ def main() -> None:
     runner = engine.scheduler.tp_worker.model_runner
     forward, phases = runner.forward, defaultdict(lambda: [0, 0, 0.0])  # phase -> [forwards, tokens, seconds]
 
-    def timed_forward(forward_batch):
+    def timed_forward(forward_batch, **kwargs):  # kwargs: ModelRunner.forward's (pp_proxy_tensors)
         start = time.perf_counter()
-        out = forward(forward_batch)
+        out = forward(forward_batch, **kwargs)
         if forward_batch.forward_mode.is_decode():
             low = (forward_batch.batch_size - 1) // 16 * 16 + 1
             phase = f"decode, batch {low}-{low + 15}"
