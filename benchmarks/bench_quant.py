@@ -4,6 +4,8 @@
     python benchmarks/bench_quant.py --num-requests 16 --max-output 32      # quicker
     python benchmarks/bench_quant.py --variants float32,float32:gguf --num-requests 1 \
         --min-output 128 --max-output 128                                   # batch-1 decode
+    python benchmarks/bench_quant.py --variants float32,bfloat16,float32:gguf --num-requests 1 \
+        --min-output 64 --max-output 64 --llama-server .venv-llamacpp/bin/llama-server  # and llama.cpp
 
 Each variant (dtype, --quantization) runs minisgl's offline Engine in its own process, one after
 the other, on the same workload (benchmarks/workload.py: random prompt ids, greedy, EOS ignored):
@@ -13,6 +15,9 @@ exactly the float32 run's greedy tokens. w8a8_int8 quantizes the float checkpoin
 model from its shipped GGUF file's blocks (layers/quantization/gguf.py): no float copy of the
 weights on disk or in memory, activations in the variant's dtype. On a shared
 machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun.
+With --llama-server (scripts/setup_llama_cpp.sh builds it), a last row runs the model's GGUF file
+as it is in llama.cpp's server on the same workload (benchmarks/peer_llama_cpp.py, --dtype q4_1:
+its own f16 KV cache), with the server's peak RSS.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ def run_variant(args) -> None:
     )
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})
     startup = time.perf_counter() - start
-    workload = make_workload(vocab_size=engine.tokenizer.vocab_size, **{k: getattr(args, k) for k in WORKLOAD_ARGS})
+    vocab_size = engine.tokenizer.vocab_size
+    workload = make_workload(vocab_size=vocab_size, **{k: getattr(args, k) for k in WORKLOAD_ARGS})
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
     start = time.perf_counter()
     outs = engine.generate(input_ids=[p for p, _ in workload], sampling_params=params)
@@ -54,7 +60,27 @@ def run_variant(args) -> None:
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     engine.shutdown()
     result = {"tok_s": tokens / elapsed, "startup_s": startup, "peak_rss_mb": peak_rss_mb()}
+    result["vocab_size"] = vocab_size  # for llama.cpp's run of the same workload
     print("RESULT " + json.dumps({**result, "outputs": [o["output_ids"] for o in outs]}))
+
+
+def run_llama_cpp(args, results: dict) -> dict | None:
+    """llama.cpp's server on the model's GGUF file and the same workload (peer_llama_cpp.py)."""
+    from bench_offline import gguf_source
+
+    gguf_file, done = gguf_source(args.model_path), [r for r in results.values() if r]
+    if gguf_file is None or not done:
+        print(f"  ! llama.cpp: {args.model_path} is no GGUF model" if done else "  ! llama.cpp: no variant ran")
+        return None
+    workload = {k: getattr(args, k) for k in WORKLOAD_ARGS} | {"vocab_size": done[0]["vocab_size"]}
+    cmd = [sys.executable, str(Path(__file__).parent / "peer_llama_cpp.py"), "--gguf", gguf_file, "--dtype", "q4_1"]
+    proc = subprocess.run(
+        cmd + ["--server", args.llama_server, "--workload", json.dumps(workload)], capture_output=True, text=True
+    )
+    if proc.returncode:
+        print(f"  ! llama.cpp failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -64,6 +90,7 @@ def main() -> None:
     for name in WORKLOAD_ARGS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=OFFLINE_WORKLOAD[name])
     parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument("--llama-server", default=None, help="llama.cpp's server binary: add its run of the GGUF file")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
     if args.variant:
@@ -79,6 +106,8 @@ def main() -> None:
         results[variant] = json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
         if not lines:
             print(f"  ! {variant} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    if args.llama_server:
+        results["llama.cpp q4_1"] = run_llama_cpp(args, results)
     base, ref = results.get("bfloat16"), results.get("float32")
     print(f"{'variant':22s} {'tok/s':>8s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}  greedy = float32")
     for variant, r in results.items():

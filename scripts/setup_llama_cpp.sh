@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build llama.cpp's server from llama-cpp-python's PyPI source distribution, in its own folder
-# (default .venv-llamacpp, ~200 MB), so that benchmarks/bench_offline.py can run it beside minisgl.
+# Build llama.cpp's server, llama-perplexity and llama-bench from llama-cpp-python's PyPI source
+# distribution, in their own folder (default .venv-llamacpp, ~200 MB), so that benchmarks/bench_offline.py,
+# benchmarks/bench_quant.py and tools/quant_accuracy.py can run them beside minisgl.
 #   scripts/setup_llama_cpp.sh [VENV_DIR]
-# It takes 10-20 minutes on two cores. llama.cpp is a peer we measure against, never a dependency.
+# It takes 15-40 minutes on two cores. llama.cpp is a peer we measure against, never a dependency.
 #
 # Why llama-server and not llama-cpp-python's own server (`python -m llama_cpp.server`): that one
 # holds a lock around its model, so it runs one request at a time. llama-server, built here from the
@@ -39,7 +40,11 @@ for flag in avx avx2 fma f16c bmi2 avx_vnni avx512f avx512_vnni avx512_bf16 avx5
 done
 "$venv/bin/cmake" -S "$src/vendor/llama.cpp" -B "$venv/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
   -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
-"$venv/bin/cmake" --build "$venv/build" --target llama-server -j "$(nproc)"
-cp "$venv/build/bin/llama-server" "$venv/bin/llama-server"
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >/dev/null
+# One tool after another, each copied as soon as it links: the two the comparisons of
+# tools/quant_accuracy.py and benchmarks/peer_llama_cpp.py need first, the server (the longest) last.
+for tool in llama-perplexity llama-bench llama-server; do
+  "$venv/bin/cmake" --build "$venv/build" --target "$tool" -j "$(nproc)"
+  cp "$venv/build/bin/$tool" "$venv/bin/$tool"
+done
 "$venv/bin/llama-server" --version

@@ -43,7 +43,9 @@ def test_torch_dequantize_matches_gguf(weight_type):
 @needs_kernels
 @pytest.mark.parametrize("use_avx2", PATHS)
 @pytest.mark.parametrize("weight_type", TYPES)
-@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (5, 33, 96), (3, 17, 1056)])  # K = 1056 crosses a 512-wide chunk
+# K = 544 and 1056 cross 256-wide chunks; M = 16 and 20 take the batched (x^T) AVX2 path, 20 with
+# a last panel of 8 rows (4 of them padding); N = 13, 25 and 33 leave part of a 12-row tile.
+@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (2, 9, 64), (5, 33, 96), (3, 17, 1056), (16, 13, 64), (20, 25, 544)])
 def test_gemm_matches_dequantize_then_matmul(weight_type, use_avx2, m, n, k):
     q, w = _weights(n, k, weight_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))

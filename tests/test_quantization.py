@@ -19,7 +19,7 @@ from minisgl.layers.quantization.unquant import UnquantizedLinearMethod
 from minisgl.layers.quantization.w8a8_int8 import W8A8Int8LinearMethod, W8A8Int8MoEMethod
 from minisgl.model_loader.loader import get_quant_config
 from minisgl.tools.make_tiny_model import ARCHS
-from minisgl.tools.quant_accuracy import TEXT_PATH, compare
+from minisgl.tools.quant_accuracy import TEXT_PATH, chunked_perplexity, compare
 from minisgl.tools.quantize_w8a8 import quantize_checkpoint
 from tests._models import tiny_model_dir
 
@@ -111,3 +111,33 @@ def test_online_and_offline_quantization_agree(tmp_path):
         )
         engine.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_chunked_perplexity_scores_what_llama_perplexity_scores():
+    """chunked_perplexity (quant_accuracy --llama-perplexity's minisgl side) against transformers'
+    logits on the same chunks: each n_ctx chunk run on its own, BOS in its first slot where the
+    vocabulary adds one (bos_id=1), and only its second half scored, as llama-perplexity does."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, n_ctx = tiny_model_dir("llama"), 32
+    engine = Engine(model_path=path, max_total_tokens=1024)
+    try:
+        ids = engine.tokenizer.encode(TEXT_PATH.read_text())[: 3 * n_ctx + 5]  # 3 chunks and a rest, unscored
+        got = {bos_id: chunked_perplexity(engine, ids, n_ctx, bos_id) for bos_id in (None, 1)}
+    finally:
+        engine.shutdown()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for bos_id, ppl in got.items():
+        nll, count = 0.0, 0
+        for i in range(3):
+            chunk = ids[i * n_ctx : (i + 1) * n_ctx]
+            chunk = [bos_id, *chunk[1:]] if bos_id is not None else chunk
+            with torch.no_grad():
+                logprobs = hf(torch.tensor([chunk])).logits[0].double().log_softmax(-1)
+            for j in range(n_ctx // 2 + 1, n_ctx):  # token j, predicted from position j - 1
+                nll -= logprobs[j - 1, chunk[j]].item()
+                count += 1
+        assert math.isclose(ppl, math.exp(nll / count), rel_tol=1e-4), bos_id

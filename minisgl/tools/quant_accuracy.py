@@ -2,6 +2,8 @@
 
     python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization w8a8_int8
     python -m minisgl.tools.quant_accuracy --model SRC --quant-model DST   # an offline checkpoint
+    python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization gguf \
+        --llama-perplexity .venv-llamacpp/bin/llama-perplexity               # beside llama.cpp's
 
 Both models score the same fixed text (benchmarks/data/perplexity_text.txt, public domain):
 
@@ -11,7 +13,10 @@ Both models score the same fixed text (benchmarks/data/perplexity_text.txt, publ
   and KL(float || quantized), averaged over windows;
 - greedy agreement: from each window, how many of the next 16 greedy tokens match before the
   first difference, as a fraction;
-- perplexity of the whole text (teacher-forced, from the engine's input logprobs).
+- perplexity of the whole text (teacher-forced, from the engine's input logprobs);
+- with --llama-perplexity (a GGUF model; the binary scripts/setup_llama_cpp.sh builds): the text's
+  perplexity measured llama.cpp's way by both engines, :func:`chunked_perplexity` in minisgl and
+  llama-perplexity on the same .gguf file, side by side (the target: within 0.5%).
 
 tests/test_quantization.py runs the same measurements on tiny random checkpoints of every
 architecture, with loose bounds; on a real model (SmolLM2) w8a8_int8's target is perplexity
@@ -21,8 +26,12 @@ within 2% of float.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import pathlib
+import re
+import subprocess
 from typing import Optional
 
 import torch
@@ -31,6 +40,7 @@ import torch.nn.functional as F
 from minisgl.entrypoints.engine import Engine
 from minisgl.layers.linear import LinearBase
 from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
+from minisgl.model_loader.gguf import resolve_model_path
 
 TEXT_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "perplexity_text.txt"
 GREEDY_TOKENS = 16
@@ -123,27 +133,92 @@ def compare(float_engine: Engine, quant_engine: Engine, text: Optional[str] = No
     }
 
 
+def chunked_perplexity(engine: Engine, ids: list[int], n_ctx: int, bos_id: Optional[int] = None) -> float:
+    """Perplexity as llama-perplexity computes it (tools/perplexity/perplexity.cpp, perplexity()):
+    the tokens cut into len // n_ctx chunks of n_ctx, each run on its own (the first token
+    replaced by BOS where the vocabulary adds one), and only each chunk's second half scored, the
+    tokens n_ctx / 2 + 1 .. n_ctx - 1, so that every scored token has at least n_ctx / 2 of context."""
+    chunks = [ids[i * n_ctx : (i + 1) * n_ctx] for i in range(len(ids) // n_ctx)]
+    if not chunks:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of n_ctx={n_ctx}")
+    if bos_id is not None:
+        chunks = [[bos_id, *chunk[1:]] for chunk in chunks]
+    outs = engine.generate(
+        input_ids=chunks,
+        sampling_params={"temperature": 0, "max_new_tokens": 1},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    first = n_ctx // 2
+    scored = [lp for out in outs for lp, _, _ in out["meta_info"]["input_token_logprobs"][first + 1 : n_ctx]]
+    return math.exp(-sum(scored) / len(scored))
+
+
+def llama_cpp_perplexity(binary: str, gguf_file: str, n_ctx: int) -> tuple[float, str]:
+    """llama-perplexity's final estimate on the same text and its chunk line, with a float32 KV
+    cache (minisgl's, for a float32 run; llama.cpp's default is f16)."""
+    cmd = [binary, "-m", gguf_file, "-f", str(TEXT_PATH), "-c", str(n_ctx), "-t", str(os.cpu_count())]
+    cmd += ["--cache-type-k", "f32", "--cache-type-v", "f32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    log = proc.stdout + proc.stderr
+    estimate = re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+    if proc.returncode or not estimate:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode} with no final estimate:\n{log[-2000:]}")
+    chunks = re.search(r"calculating perplexity over .*", log)
+    return float(estimate.group(1)), chunks.group(0) if chunks else ""
+
+
+def compare_with_llama_cpp(float_engine: Engine, quant_engine: Engine, binary: str, gguf_file: str, n_ctx: int):
+    """Prints the text's chunked perplexity from minisgl's float and GGUF runs and from llama.cpp.
+    The tokens are minisgl's (the HF tokenizer); llama-perplexity tokenizes the text itself with the
+    vocabulary in the .gguf, and its log names the chunks it scored, to check that they match."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_file)
+    add_bos = (
+        "tokenizer.ggml.add_bos_token" in reader.fields and reader.fields["tokenizer.ggml.add_bos_token"].contents()
+    )
+    bos_id = reader.fields["tokenizer.ggml.bos_token_id"].contents() if add_bos else None
+    ids = float_engine.tokenizer.encode(TEXT_PATH.read_text())
+    ids = ([bos_id] if add_bos else []) + ids  # as llama.cpp's tokenizer adds it to the text
+    print(f"chunked perplexity, n_ctx={n_ctx}: {len(ids) // n_ctx} chunks of minisgl's {len(ids)} tokens")
+    ppl_quant = chunked_perplexity(quant_engine, ids, n_ctx, bos_id)
+    print(f"  minisgl float      {chunked_perplexity(float_engine, ids, n_ctx, bos_id):.6f}")
+    print(f"  minisgl quantized  {ppl_quant:.6f}")
+    ppl_llama, chunk_line = llama_cpp_perplexity(binary, gguf_file, n_ctx)
+    print(f"  llama.cpp          {ppl_llama:.6f}   (llama-perplexity on {gguf_file}; it logged: {chunk_line})")
+    print(f"  minisgl quantized / llama.cpp  {ppl_quant / ppl_llama:.6f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="the float reference")
     parser.add_argument("--quantization", default=None, help="a scheme to apply to --model while loading")
     parser.add_argument("--quant-model", default=None, help="or: an already quantized checkpoint")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity, to compare with")
+    parser.add_argument("--llama-ctx", type=int, default=128, help="its -c: the text holds two such chunks or more")
     args = parser.parse_args()
     if (args.quantization is None) == (args.quant_model is None):
         parser.error("give exactly one of --quantization and --quant-model")
+    if args.llama_perplexity and args.quantization != "gguf":
+        parser.error("--llama-perplexity compares a GGUF model's run: give --quantization gguf")
     common = dict(max_total_tokens=4096, dtype=args.dtype)
     float_engine = Engine(model_path=args.model, **common)
     quant_engine = Engine(model_path=args.quant_model or args.model, quantization=args.quantization, **common)
     try:
         report = compare(float_engine, quant_engine)
+        for name, err in report.pop("per_layer_error").items():
+            print(f"  {name:60s} {err:.5f}")
+        for key, value in report.items():
+            print(f"{key:22s} {value:.6f}")
+        if args.llama_perplexity:  # the file the GGUF run's config.json points at (model_loader/gguf.py)
+            config = json.loads((pathlib.Path(resolve_model_path(args.model, "gguf")) / "config.json").read_text())
+            gguf_file = config["quantization_config"]["gguf_file"]
+            compare_with_llama_cpp(float_engine, quant_engine, args.llama_perplexity, gguf_file, args.llama_ctx)
     finally:
         float_engine.shutdown()
         quant_engine.shutdown()
-    for name, err in report.pop("per_layer_error").items():
-        print(f"  {name:60s} {err:.5f}")
-    for key, value in report.items():
-        print(f"{key:22s} {value:.6f}")
 
 
 if __name__ == "__main__":

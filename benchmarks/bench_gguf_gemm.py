@@ -1,0 +1,88 @@
+"""The GGUF GEMM alone (kernels/cpu/gemm_gguf.cpp) against the float32 and bfloat16 GEMMs, in one run.
+
+    python benchmarks/bench_gguf_gemm.py                       # M = 1, 4, 16, 64; Q4_1 and Q8_0
+    python benchmarks/bench_gguf_gemm.py --m 1,64 --types Q4_1 --layers 1    # weights in cache
+
+The shapes are SmolLM2-135M's linear layers (qkv_proj, o_proj, gate_up_proj, down_proj), with a
+random weight quantized by the `gguf` package as llama.cpp would, and copied into --layers
+layers (30, the model's): one pass multiplies every layer's four weights in turn, as a forward
+does, so the weights come from memory, not from a cache that holds one layer. With --layers 1
+they stay in cache and only the arithmetic is compared. For each batch size M the GEMMs take
+turns, pass after pass, so drift on a shared machine spreads over all of them; a row's time is its
+median pass. The float rows are what the float32 and bfloat16 models use (weight_packed_linear on
+weights packed by convert_weight_packed, gemm.cpp); the last column is float32 time / this row's
+time (above 1: faster than float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from minisgl.kernels.cpu import is_available
+from minisgl.kernels.cpu.features import gguf_gemm_uses_avx2
+
+# (N, K) of SmolLM2-135M: hidden 576, 9 query and 3 key/value heads of 64, intermediate 1536.
+SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 576), "down_proj": (576, 1536)}
+
+
+def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
+    """kind -> [(K, fn on x [M, K])] over every layer's shapes: `layers` copies of one random weight each."""
+    ops = torch.ops.minisgl_kernel
+    kinds: dict[str, list] = {"float32": [], "bfloat16": [], **{f"gguf {t}": [] for t in types}}
+    for n, k in SHAPES.values():
+        w = torch.from_numpy(np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32) * 0.02)
+        packed32, packed16 = ops.convert_weight_packed(w), ops.convert_weight_packed(w.bfloat16())
+        quantized = {t: torch.from_numpy(quantize(w.numpy(), GGMLQuantizationType[t])) for t in types}
+        for _ in range(layers):  # copies: each layer's weights in memory of its own
+            p32, p16 = packed32.clone(), packed16.clone()
+            kinds["float32"].append((k, lambda x, p=p32: ops.weight_packed_linear(x, p, None)))
+            kinds["bfloat16"].append((k, lambda x, p=p16: ops.weight_packed_linear(x.bfloat16(), p, None)))
+            for t, q in quantized.items():
+                qc, wt, avx2 = q.clone(), int(GGMLQuantizationType[t]), gguf_gemm_uses_avx2()
+                kinds[f"gguf {t}"].append((k, lambda x, q=qc, wt=wt: ops.gguf_mul_mat(x, q, wt, None, avx2)))
+    return kinds
+
+
+def measure(m: int, kinds: dict[str, list], rounds: int) -> dict[str, float]:
+    """Median seconds of one pass over all the layers, per kind, at batch size m."""
+    x = {k: torch.randn(m, k) for _, k in SHAPES.values()}
+    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for r in range(rounds + 1):  # round 0 warms up
+        for kind, gemms in kinds.items():
+            start = time.perf_counter()
+            for k, fn in gemms:
+                fn(x[k])
+            if r:
+                samples[kind].append(time.perf_counter() - start)
+    return {kind: statistics.median(times) for kind, times in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--m", default="1,4,16,64", help="batch sizes, comma-separated")
+    parser.add_argument("--types", default="Q4_1,Q8_0", help="GGUF block types, comma-separated")
+    parser.add_argument("--layers", type=int, default=30, help="copies of each weight (SmolLM2-135M has 30 layers)")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    if not is_available():
+        raise SystemExit("the CPU kernels did not build here: nothing to measure")
+    kinds = layer_gemms(args.layers, args.types.split(","))
+    print(f"threads {torch.get_num_threads()}, GGUF AVX2 path {gguf_gemm_uses_avx2()}, {args.layers} layers")
+    print(f"{'M':>4} {'GEMM':>10} {'ms/pass':>9} {'GFLOP/s':>8} {'float32/this':>13}")
+    for m in (int(v) for v in args.m.split(",")):
+        rows = measure(m, kinds, args.rounds)
+        flops = args.layers * sum(2 * m * n * k for n, k in SHAPES.values())
+        for kind, seconds in rows.items():
+            ratio = rows["float32"] / seconds
+            print(f"{m:>4} {kind:>10} {seconds * 1e3:>9.2f} {flops / seconds / 1e9:>8.2f} {ratio:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()
