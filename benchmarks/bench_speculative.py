@@ -11,10 +11,13 @@ Drafts:
   ``python -m minisgl.tools.train_eagle`` (run here with its defaults when no head is given:
   about 15 minutes per head on 2 idle cores the first time, cached afterwards). EAGLE drafts
   over its hot-token map (--speculative-token-map), EAGLE3 over its own draft vocabulary.
-  Both draft a chain (--speculative-eagle-topk 1, --speculative-num-draft-tokens k + 1).
+  Both draft a chain (--speculative-eagle-topk 1, --speculative-num-draft-tokens k + 1), and
+  with --eagle-topk 1 4 also a tree of 4 branches per step whose --num-draft-tokens best
+  nodes are verified at once.
 
 Workload: --num-prompts chat questions (the model's chat template; the heads were trained
-on prompts made from the repository's docs, not on these), --max-new-tokens tokens each,
+on prompts made from the repository's docs and on questions the model wrote itself, never
+on these), --max-new-tokens tokens each,
 EOS ignored so every engine generates exactly the same number of tokens, run --batch-size
 requests at a time. For each configuration it prints generated tokens/s, the speedup over
 plain decoding in the same dtype and batch size, the accept length (tokens per target
@@ -157,11 +160,18 @@ def configurations(args, model_path: str, workdir: str) -> list[tuple[str, dict]
         if algorithm in args.algorithms:
             head, token_map = eagle_head(algorithm, given, model_path)
             for k in args.num_steps:
-                spec = dict(speculative_algorithm=algorithm, speculative_draft_model_path=head, speculative_num_steps=k)
-                spec.update(
-                    speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1, speculative_token_map=token_map
-                )
-                configs.append((f"{algorithm} head, k={k}", spec))
+                for topk in args.eagle_topk:
+                    tokens = k + 1 if topk == 1 else args.num_draft_tokens
+                    spec = dict(
+                        speculative_algorithm=algorithm, speculative_draft_model_path=head, speculative_num_steps=k
+                    )
+                    spec.update(
+                        speculative_eagle_topk=topk,
+                        speculative_num_draft_tokens=tokens,
+                        speculative_token_map=token_map,
+                    )
+                    shape = f"k={k}" if topk == 1 else f"k={k} tree {topk}x{tokens}"
+                    configs.append((f"{algorithm} head, {shape}", spec))
     return configs
 
 
@@ -171,6 +181,8 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["STANDALONE", "EAGLE", "EAGLE3"])
     parser.add_argument("--draft-layers", type=int, nargs="+", default=[15], help="STANDALONE's cut of the target")
     parser.add_argument("--num-steps", type=int, nargs="+", default=[3])
+    parser.add_argument("--eagle-topk", type=int, nargs="+", default=[1], help="EAGLE branches per step (1: chain)")
+    parser.add_argument("--num-draft-tokens", type=int, default=8, help="nodes a tree (topk > 1) verifies")
     parser.add_argument("--eagle-head", help="an EAGLE head folder (default: train_eagle's, trained once)")
     parser.add_argument("--eagle3-head", help="an EAGLE3 head folder (default: train_eagle's, trained once)")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 4, 16])
@@ -219,12 +231,12 @@ def main() -> None:
                     )
     print(f"\nCPU: {cpu_name()}; {args.num_prompts} prompts x {args.max_new_tokens} tokens, greedy")
     head = (
-        f"{'dtype':<8} | {'bs':>3} | {'draft':<26} | {'tok/s':>6} | {'speedup':>7} | {'acc len':>7} | {'acc rate':>8}"
+        f"{'dtype':<8} | {'bs':>3} | {'draft':<30} | {'tok/s':>6} | {'speedup':>7} | {'acc len':>7} | {'acc rate':>8}"
     )
     print(f"{head} | {'draft ms':>8} | {'verify ms':>9} | same")
     for r in rows:
         if "error" in r:
-            print(f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<26} | failed: {r['error']}")
+            print(f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<30} | failed: {r['error']}")
             continue
         spec = (
             f"{r['accept_length']:7.2f} | {r['accept_rate']:8.2f} | {r['draft_ms']:8.1f} | {r['verify_ms']:9.1f} | "
@@ -232,7 +244,7 @@ def main() -> None:
             if "accept_length" in r
             else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} |"
         )
-        label = f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<26}"
+        label = f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<30}"
         print(f"{label} | {r['tok_s']:6.1f} | {r['speedup']:6.2f}x | {spec}")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "outputs"} for r in rows], indent=2))

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.train_eagle import target_features, train
+from minisgl.tools.train_eagle import self_prompts, target_features, train
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,32 @@ def test_trained_head_format_and_acceptance(tiny_target, tmp_path, algorithm):
         d2t, t2d = tensors["d2t"], tensors["t2d"]
         assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.shape == (vocab,)
         assert torch.equal(torch.nonzero(t2d).flatten(), d2t + torch.arange(n))  # draft index i -> i + d2t[i]
+
+
+def test_self_prompts_sample_the_users_turn_and_keep_finished_questions():
+    # Magpie: the prompt is the chat template cut where the user's message would start; each
+    # question gets its own seed; only messages that ended on their own and say something stay.
+    class Tokenizer:
+        def apply_chat_template(self, messages, tokenize):
+            assert not tokenize
+            return f"<|system|>hi<|end|><|user|>{messages[0]['content']}<|end|>"
+
+    class FakeEngine:
+        tokenizer = Tokenizer()
+
+        def generate(self, prompts, params):
+            self.prompts, self.params = prompts, params
+            texts = [
+                "What makes rain fall?",
+                "What makes rain fall?",
+                "Too short",
+                "Cut off by the limit and",
+                "  How do tides work?  ",
+            ]
+            reasons = ["stop", "stop", "stop", "length", "stop"]
+            return [{"text": t, "meta_info": {"finish_reason": {"type": r}}} for t, r in zip(texts, reasons)]
+
+    engine = FakeEngine()
+    assert self_prompts(engine, 5, seed=1) == ["What makes rain fall?", "How do tides work?"]
+    assert engine.prompts == ["<|system|>hi<|end|><|user|>"] * 5
+    assert len({p["seed"] for p in engine.params}) == 5 and all(p["temperature"] == 1.0 for p in engine.params)

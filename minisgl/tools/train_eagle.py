@@ -6,10 +6,13 @@
 No trained head can be downloaded here, so the tool makes one (SGLang serves heads trained
 elsewhere, e.g. by SpecForge; this is the small version of that recipe):
 
-1. Self-distillation data. Chat prompts are made from the text the repository ships (the
-   book's headings and paragraphs, README, benchmarks/data) and minisgl's own Engine
-   generates greedy answers to them, EOS ignored, as the benchmark decodes: the head learns
-   the text it will be asked to draft.
+1. Self-distillation data. The prompts come from two places: the text the repository ships
+   (the book's headings and paragraphs, README, benchmarks/data) made into chat questions,
+   and questions the model writes itself (Magpie, Xu et al. 2024: given the chat template up
+   to the user's turn and nothing else, an instruct model samples a typical user message),
+   which stand in for the chat data SpecForge trains on and cannot be downloaded here.
+   minisgl's own Engine then generates greedy answers to all of them, EOS ignored, as the
+   benchmark decodes: the head learns the text it will be asked to draft.
 2. Features. Hugging Face transformers runs the target over each prompt + answer once
    (teacher forcing) and keeps what the serving draft reads: the final hidden state after
    the final norm (EAGLE), the residual stream entering layers [2, n // 2, n - 3] (EAGLE3),
@@ -47,7 +50,7 @@ from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, cache_root, resolve_mo
 from minisgl.tools.eagle_head import ALGORITHMS, EagleHead
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-VERSION = 1  # bump when the recipe changes, so cached heads are not reused across recipes
+VERSION = 2  # bump when the recipe changes, so cached heads are not reused across recipes
 INSTRUCTIONS = (
     "Explain this to a beginner: {}",
     "Summarize this in a few sentences: {}",
@@ -86,12 +89,40 @@ def repo_prompts(num_prompts: int, seed: int) -> list[str]:
     return [prompts[i] for i in order[:num_prompts]]
 
 
-def generate(model_path: str, prompts: list[str], max_new_tokens: int) -> list[tuple[list[int], int]]:
-    """(prompt + greedy answer token ids, prompt length) per prompt, from minisgl's own Engine."""
+def self_prompts(engine, num_prompts: int, seed: int) -> list[str]:
+    """User messages the model writes itself: the chat template up to the user's turn, sampled (Magpie).
+
+    Only the messages that end on their own (EOS, not the length limit) and say something
+    (16 characters or more) are kept, so a few fewer than num_prompts come back.
+    """
+    marker = "\x00"  # a character no template emits: everything before it is the pre-query prefix
+    chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    prefix = chat[: chat.index(marker)]
+    params = [
+        {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 64, "seed": seed * 1_000_003 + i}
+        for i in range(num_prompts)
+    ]
+    outputs = engine.generate([prefix] * num_prompts, params)
+    texts = [o["text"].strip() for o in outputs if o["meta_info"]["finish_reason"]["type"] == "stop"]
+    return [t for t in dict.fromkeys(texts) if len(t) >= 16]  # dict.fromkeys: duplicates dropped, order kept
+
+
+def generate(model_path: str, prompts: list[str], num_self_prompts: int, seed: int, max_new_tokens: int, log=None):
+    """(prompt + greedy answer token ids, prompt length) per prompt, from minisgl's own Engine.
+
+    The model's own questions (self_prompts) join the given prompts, shuffled together so
+    that the held-out rows sample both.
+    """
     from minisgl.entrypoints.engine import Engine
 
     engine = Engine(model_path=model_path, dtype="float32", disable_radix_cache=True)
     try:
+        own = self_prompts(engine, num_self_prompts, seed) if num_self_prompts else []
+        if log:
+            log(f"{len(own)} of {num_self_prompts} self-written questions kept, e.g. {own[:2]}")
+        prompts = prompts + own
+        order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed))
+        prompts = [prompts[i] for i in order]
         tokenizer = engine.tokenizer
         chats = [[{"role": "user", "content": p}] for p in prompts]
         ids = [
@@ -257,14 +288,17 @@ def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...]
 
 def self_distillation_data(args: argparse.Namespace, model_path: str, log=progress):
     """The generated sequences, cached once per (model, prompts, lengths) for both algorithms."""
-    key = cache_key(args, model_path, ("num_prompts", "max_new_tokens", "seed"))
+    key = cache_key(args, model_path, ("num_prompts", "num_self_prompts", "max_new_tokens", "seed"))
     path = cache_root() / "eagle" / f"answers-{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
     prompts = repo_prompts(args.num_prompts, args.seed)
-    log(f"generating {len(prompts)} greedy answers of {args.max_new_tokens} tokens with minisgl's Engine")
+    log(
+        f"generating {args.num_self_prompts} questions, then greedy answers of {args.max_new_tokens} tokens"
+        f" to them and {len(prompts)} prompts from the repository, with minisgl's Engine"
+    )
     start = time.perf_counter()
-    sequences = generate(model_path, prompts, args.max_new_tokens)
+    sequences = generate(model_path, prompts, args.num_self_prompts, args.seed, args.max_new_tokens, log)
     log(f"generated in {time.perf_counter() - start:.0f} s")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(sequences))
@@ -276,7 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-path", default=DEFAULT_MODEL_PATH)
     parser.add_argument("--algorithm", choices=ALGORITHMS, required=True)
     parser.add_argument("--out", help="the head's folder (default: a cache folder named by the inputs)")
-    parser.add_argument("--num-prompts", type=int, default=192, help="prompts made from the repository's text")
+    parser.add_argument("--num-prompts", type=int, default=128, help="prompts made from the repository's text")
+    parser.add_argument("--num-self-prompts", type=int, default=256, help="questions the model writes itself")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="greedy answer length per prompt")
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
     parser.add_argument("--hot-vocab-size", type=int, default=2048, help="tokens the head can draft")
