@@ -11,6 +11,9 @@ from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import can_build
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.model_executor.graph_runner import GraphRunner, get_batch_sizes_to_capture
+from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH
+from tests._models import tiny_model_dir
+from tests.test_overlap_schedule import MIXED, PROMPTS, _assert_pool_whole, _assert_same
 
 
 class _Runner(GraphRunner):
@@ -74,6 +77,79 @@ def test_compiled_decode_equals_eager(tiny_llama):
         lp_g = [lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
         lp_w = [lp for lp, _, _ in w["meta_info"]["output_token_logprobs"]]
         assert lp_g == pytest.approx(lp_w, abs=1e-4)
+
+
+COMPILE = dict(enable_torch_compile=True, torch_compile_max_bs=8)
+GREEDY_12 = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+needs_kernels = pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs minisgl's C++ CPU kernels")
+
+
+@pytest.mark.slow
+@needs_kernels
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        dict(max_total_tokens=2048),
+        dict(max_total_tokens=2048, disable_radix_cache=True, chunked_prefill_size=16),
+        dict(max_total_tokens=2048, disable_overlap_schedule=False),
+    ],
+    ids=["radix", "chunked-no-radix", "overlap"],
+)
+def test_graph_runner_equals_eager(tiny_llama, engine_kwargs):
+    """Greedy, seeded and penalised requests, logprobs and the radix cache, eager and compiled."""
+
+    def run(**extra):
+        engine = Engine(model_path=tiny_llama, **engine_kwargs, **extra)
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=MIXED, return_logprob=True, top_logprobs_num=2)
+        return outs, engine
+
+    want, _ = run()
+    got, engine = run(**COMPILE)
+    assert engine.scheduler.tp_worker.model_runner.graph_runner.compile_seconds  # decode ran compiled
+    _assert_same(got, want)
+    _assert_pool_whole(engine)
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_graph_runner_retracts_and_follows_a_grammar_like_eager(tiny_llama):
+    prompts = [[(11 * i + j) % 400 + 3 for j in range(20)] for i in range(8)]
+    params = [{"temperature": 0.7, "seed": i, "max_new_tokens": 40, "ignore_eos": True} for i in range(7)]
+    params.append({"temperature": 0, "max_new_tokens": 12, "regex": "[a-z]+ [0-9]{2}"})
+    runs = []
+    for extra in ({}, COMPILE):
+        engine = Engine(model_path=tiny_llama, max_total_tokens=200, **extra)
+        runs.append([o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)])
+        assert engine.scheduler.num_retracted_reqs > 0
+        _assert_pool_whole(engine)
+    assert runs[1] == runs[0]
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_graph_runner_under_tp2_equals_eager():
+    path = tiny_model_dir("qwen3")
+    prompts, params = PROMPTS[:4], MIXED[:4]
+    want = Engine(model_path=path, max_total_tokens=2048).generate(
+        input_ids=prompts, sampling_params=params, return_logprob=True
+    )
+    with Engine(model_path=path, max_total_tokens=2048, tp_size=2, **COMPILE) as engine:
+        got = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+        assert engine.flush_cache()
+    _assert_same(got, want)
+
+
+@pytest.mark.slow
+@needs_kernels
+@pytest.mark.parametrize("quantization", ["w8a8_int8", "gguf"])
+def test_graph_runner_runs_quantized_linears(tiny_llama, quantization):
+    """The quantized GEMMs trace too (their fake ops): w8a8 on the tiny model, the default model's Q4_1 kept."""
+    path = tiny_llama if quantization == "w8a8_int8" else DEFAULT_MODEL_PATH
+    runs = []
+    for extra in ({}, dict(COMPILE, torch_compile_max_bs=1)):  # one bucket: the default model compiles slowly
+        with Engine(model_path=path, quantization=quantization, **extra) as engine:
+            runs.append(engine.generate(input_ids=list(range(100, 120)), sampling_params=GREEDY_12)["output_ids"])
+    assert runs[1] == runs[0]
 
 
 def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import logging
 import os
@@ -44,6 +43,8 @@ import shutil
 from pathlib import Path
 
 import torch
+
+from minisgl.kernels.cpu.features import cache_for_compile
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def can_build() -> bool:
     return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()
 
 
-@functools.cache
+@cache_for_compile  # CustomOp asks on every call, from inside CPUGraphRunner's compiled forward too
 def is_available() -> bool:
     """Build (or load the cached build of) the kernels; False, with a warning, where that fails."""
     if os.environ.get("MINISGL_DISABLE_CPU_KERNELS") == "1":

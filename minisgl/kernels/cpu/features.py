@@ -39,7 +39,24 @@ def _proc_cpuinfo_flags() -> set[str] | None:
     return None
 
 
-@functools.cache
+def cache_for_compile(fn):
+    """functools.cache for a function of no arguments, in a form torch.compile can trace.
+
+    Layers ask such questions (are the kernels built? which ISA?) on every call. Traced by
+    CPUGraphRunner, a functools.cache'd function is stepped into and the graph stops at the first
+    line dynamo cannot trace; a closure's list is read as a constant instead."""
+    answer: list = []
+
+    @functools.wraps(fn)
+    def cached():
+        if not answer:
+            answer.append(fn())
+        return answer[0]
+
+    return cached
+
+
+@cache_for_compile
 def cpu_features() -> frozenset[str]:
     """The features of ``_FEATURES`` this CPU has and this process may use.
 
