@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from roofline import cpu_name  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 QUESTIONS = [
@@ -65,15 +67,6 @@ QUESTIONS = [
     "Name the planets of the solar system.",
     "What is machine learning?",
 ]
-
-
-def cpu_name() -> str:
-    """The CPU's model name, as lscpu prints it (from /proc/cpuinfo)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -189,6 +190,10 @@ def main() -> None:
                 "seconds": elapsed,
                 "startup_s": startup,
                 "peak_rss_mb": rss,
+                # llama-server's own per-request timings: the prompt's time (TTFT, less the HTTP) and
+                # the decode rate after it, per stream, measured as bench_one_batch measures minisgl's
+                "ttft_ms": statistics.mean(o["timings"]["prompt_ms"] for o in outs),
+                "decode_tok_s": statistics.mean(o["timings"]["predicted_per_second"] for o in outs),
                 "outputs": [o["tokens"] for o in outs],
             }
         )

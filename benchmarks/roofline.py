@@ -14,7 +14,9 @@ weights, the path before it. Compare them with the step times benchmarks/profile
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from pathlib import Path
 
 import torch
 
@@ -32,6 +34,15 @@ def best_of(fn, reps: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as lscpu prints it (from /proc/cpuinfo)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def read_bandwidth(nbytes: int) -> float:

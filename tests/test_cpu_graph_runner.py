@@ -2,6 +2,8 @@
 the CUDA runner: the bucket and padding logic (fast), and compiled decode against eager (slow:
 inductor takes 20 s to minutes per bucket on a loaded machine, less once its on-disk cache is warm)."""
 
+import json
+import shutil
 import types
 
 import pytest
@@ -150,6 +152,27 @@ def test_graph_runner_runs_quantized_linears(tiny_llama, quantization):
         with Engine(model_path=path, quantization=quantization, **extra) as engine:
             runs.append(engine.generate(input_ids=list(range(100, 120)), sampling_params=GREEDY_12)["output_ids"])
     assert runs[1] == runs[0]
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_two_models_of_one_class_in_one_process_keep_their_own_graphs(tiny_llama, tmp_path):
+    """Dynamo keeps compiled graphs on the code object, and the runner drops its guards on the model's
+    modules: without a code object per runner, a second Llama of the same shapes would replay the
+    first one's graph, with the first one's RMSNorm epsilon inside it."""
+    other = tmp_path / "llama-eps"
+    shutil.copytree(tiny_llama, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
+    prompt, compile_1 = [5, 6, 7], dict(COMPILE, torch_compile_max_bs=1)
+    eager = [
+        Engine(model_path=str(path), max_total_tokens=512).generate(input_ids=prompt, sampling_params=GREEDY_12)
+        for path in (tiny_llama, other)
+    ]
+    assert eager[0]["output_ids"] != eager[1]["output_ids"]  # the epsilon shows in the tokens
+    for path, want in zip((tiny_llama, other), eager):
+        engine = Engine(model_path=str(path), max_total_tokens=512, **compile_1)
+        assert engine.generate(input_ids=prompt, sampling_params=GREEDY_12)["output_ids"] == want["output_ids"]
 
 
 def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):

@@ -119,10 +119,19 @@ class CPUGraphRunner(GraphRunner):
         """Wrap the model's forward; inductor compiles a bucket when a batch first needs it."""
         model = self.model_runner.model
         self.batches = {bs: self.static_batch(bs) for bs in self.capture_bs}
+
+        def forward(input_ids, positions, forward_batch):
+            with torch.no_grad():
+                return model.forward(input_ids, positions, forward_batch)
+
+        # A code object of this runner's own: dynamo keeps compiled graphs on the code object, and
+        # the guard filter below drops its checks on the model's modules, so two models of one
+        # class in one process (a test, a notebook) would otherwise share graphs, constants and all.
+        forward.__code__ = forward.__code__.replace()
         # fullgraph: a graph break would run the rest of the forward eagerly, slower than no compile
         # at all, and silently (SGLang's runner allows breaks); here it is an error at the first replay.
         self.compiled_forward = torch.compile(
-            torch.no_grad()(model.forward),
+            forward,
             dynamic=False,
             fullgraph=True,
             options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
