@@ -59,7 +59,7 @@ def run_variant(args) -> None:
     elapsed = time.perf_counter() - start
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     engine.shutdown()
-    result = {"tok_s": tokens / elapsed, "startup_s": startup, "peak_rss_mb": peak_rss_mb()}
+    result = {"tok_s": tokens / elapsed, "startup_s": startup, "peak_rss_mb": peak_rss_mb(os.getpid())}
     result["vocab_size"] = vocab_size  # for llama.cpp's run of the same workload
     print("RESULT " + json.dumps({**result, "outputs": [o["output_ids"] for o in outs]}))
 
