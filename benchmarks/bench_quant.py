@@ -6,6 +6,7 @@
         --min-output 128 --max-output 128                                   # batch-1 decode
     python benchmarks/bench_quant.py --variants float32,bfloat16,float32:gguf --num-requests 1 \
         --min-output 64 --max-output 64 --llama-server .venv-llamacpp/bin/llama-server  # and llama.cpp
+    python benchmarks/bench_quant.py ... --enable-torch-compile      # each variant with the graph runner
 
 Each variant (dtype, --quantization) runs minisgl's offline Engine in its own process, one after
 the other, on the same workload (benchmarks/workload.py: random prompt ids, greedy, EOS ignored):
@@ -47,9 +48,15 @@ def run_variant(args) -> None:
     start = time.perf_counter()
     quantization = quantization or None
     engine = Engine(
-        model_path=args.model_path, dtype=dtype, quantization=quantization, max_total_tokens=args.max_total_tokens
+        model_path=args.model_path,
+        dtype=dtype,
+        quantization=quantization,
+        max_total_tokens=args.max_total_tokens,
+        enable_torch_compile=args.enable_torch_compile,
+        torch_compile_max_bs=args.num_requests,
     )
-    engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})
+    # A decode step at the workload's batch size: with the graph runner, its bucket compiles here.
+    engine.generate(input_ids=[[1, 2, 3]] * args.num_requests, sampling_params={"max_new_tokens": 2})
     startup = time.perf_counter() - start
     vocab_size = engine.tokenizer.vocab_size
     workload = make_workload(vocab_size=vocab_size, **{k: getattr(args, k) for k in WORKLOAD_ARGS})
@@ -90,6 +97,7 @@ def main() -> None:
     for name in WORKLOAD_ARGS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=OFFLINE_WORKLOAD[name])
     parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument("--enable-torch-compile", action="store_true", help="the CPUGraphRunner in every variant")
     parser.add_argument("--llama-server", default=None, help="llama.cpp's server binary: add its run of the GGUF file")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
@@ -101,6 +109,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--variant", variant, "--model-path", args.model_path]
         for name in (*WORKLOAD_ARGS, "max_total_tokens"):
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        cmd += ["--enable-torch-compile"] if args.enable_torch_compile else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         results[variant] = json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
