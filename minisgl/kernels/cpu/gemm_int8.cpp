@@ -14,8 +14,9 @@
 // So the weight is packed with pairs of k side by side, [N / 16][K / 2][16 columns][2], and a row of
 // activations is broadcast one pair (one int32) at a time. The faster _mm256_maddubs_epi16
 // (u8 x s8 -> saturating int16 pairs) is what sgl-kernel uses with a +128 offset on the
-// activations, but 255 x 127 x 2 = 64,770 overflows int16: it is exact only with 7-bit values, and
-// the VNNI instructions it stands in for (vpdpbusd, AMX tdpbusd) are not on this machine to test.
+// activations, but 255 x 127 x 2 = 64,770 overflows int16, and the VNNI instructions it stands in
+// for (vpdpbusd, AMX tdpbusd) are not on this machine to test. (llama.cpp's AVX2 dot products stay
+// exact without the offset, multiplying |a| by w carrying a's sign, _mm256_sign_epi8; not tried here.)
 // What sgl-kernel has and this file omits: the AVX512-VNNI and AMX-int8 paths, and fused MoE.
 #include <ATen/ops/zeros.h>
 
