@@ -1,4 +1,4 @@
-"""The GGUF GEMM alone (kernels/cpu/gemm_gguf.cpp) against the float32 and bfloat16 GEMMs, in one run.
+"""The two GGUF GEMMs alone against the float32 and bfloat16 GEMMs, in one run.
 
     python benchmarks/bench_gguf_gemm.py                       # M = 1, 4, 16, 64; Q4_1 and Q8_0
     python benchmarks/bench_gguf_gemm.py --m 1,64 --types Q4_1 --layers 1    # weights in cache
@@ -10,8 +10,11 @@ does, so the weights come from memory, not from a cache that holds one layer. Wi
 they stay in cache and only the arithmetic is compared. For each batch size M the GEMMs take
 turns, pass after pass, so drift on a shared machine spreads over all of them; a row's time is its
 median pass. The float rows are what the float32 and bfloat16 models use (weight_packed_linear on
-weights packed by convert_weight_packed, gemm.cpp); the last column is float32 time / this row's
-time (above 1: faster than float32).
+weights packed by convert_weight_packed, gemm.cpp). Each block type has two rows: "gguf Q4_1" is
+the weight-only GEMM with float activations (gguf_mul_mat, gemm_gguf.cpp), "Q4_1 a8" the integer
+one that rounds the activations to int8 per block (gguf_mul_mat_vec_a8, gemm_gguf_vec.cpp);
+layers/quantization/gguf_kernel.py takes the second up to MMVQ_MAX_ROWS rows. The last column is
+float32 time / this row's time (above 1: faster than float32).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ SHAPES = {"qkv_proj": (960, 576), "o_proj": (576, 576), "gate_up_proj": (3072, 5
 def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
     """kind -> [(K, fn on x [M, K])] over every layer's shapes: `layers` copies of one random weight each."""
     ops = torch.ops.minisgl_kernel
-    kinds: dict[str, list] = {"float32": [], "bfloat16": [], **{f"gguf {t}": [] for t in types}}
+    kinds: dict[str, list] = {"float32": [], "bfloat16": []}
+    for t in types:
+        kinds[f"gguf {t}"], kinds[f"{t} a8"] = [], []
     for n, k in SHAPES.values():
         w = torch.from_numpy(np.random.default_rng(n * k).standard_normal((n, k)).astype(np.float32) * 0.02)
         packed32, packed16 = ops.convert_weight_packed(w), ops.convert_weight_packed(w.bfloat16())
@@ -47,6 +52,7 @@ def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
             for t, q in quantized.items():
                 qc, wt, avx2 = q.clone(), int(GGMLQuantizationType[t]), gguf_gemm_uses_avx2()
                 kinds[f"gguf {t}"].append((k, lambda x, q=qc, wt=wt: ops.gguf_mul_mat(x, q, wt, None, avx2)))
+                kinds[f"{t} a8"].append((k, lambda x, q=qc, wt=wt: ops.gguf_mul_mat_vec_a8(x, q, wt, None, avx2)))
     return kinds
 
 

@@ -80,6 +80,7 @@ def register_fake_ops() -> None:
         return mat1.new_empty(mat1.shape[0], scales2.numel(), dtype=out_dtype)
 
     @torch.library.register_fake(ops + "gguf_mul_mat")
+    @torch.library.register_fake(ops + "gguf_mul_mat_vec_a8")
     def _(x, qweight, weight_type, bias, use_avx2):
         return x.new_empty(x.shape[0], qweight.shape[0])
 

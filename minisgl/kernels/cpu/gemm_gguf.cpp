@@ -1,14 +1,12 @@
-// GGUF weight-only GEMM: weights stay in llama.cpp's blocks, activations stay float (the CPU counterpart
-// of sgl-kernel's CUDA ggml_mul_mat_vec_a8 / ggml_mul_mat_a8 used by SGLang's layers/quantization/gguf.py,
-// which quantize the activations to int8 first; here they are not quantized at all).
+// GGUF weight-only GEMM: weights stay in llama.cpp's blocks, activations stay float. It stands where
+// SGLang's layers/quantization/gguf.py calls sgl-kernel's CUDA ggml_mul_mat_a8 for batches, which
+// quantizes the activations to int8 first; here they are not quantized at all. Batches of up to
+// MMVQ_MAX_ROWS rows (layers/quantization/gguf_kernel.py) take gemm_gguf_vec.cpp's integer path
+// instead, faster at those sizes; from there on this one is.
 //
 //   y[m, n] = sum_k x[m, k] w[n, k] + bias[n],   w[n, :] = dequantize(qweight[n, :])
 //
-// A row of qweight is K / 32 blocks of 32 weights each (ggml-common.h):
-//   Q8_0: fp16 d, int8 qs[32]                w = qs[j] d
-//   Q4_0: fp16 d, uint8 qs[16]               w = (nibble - 8) d
-//   Q4_1: fp16 d, fp16 m, uint8 qs[16]       w = nibble d + m
-// where byte j of qs holds weight j in its low nibble and weight j + 16 in its high nibble.
+// The blocks' layout is in gguf_blocks.h.
 //
 // The loop: each thread takes TILE_N output rows at a time and walks K in chunks of TILE_K. A chunk of
 // its rows is dequantized into a small float buffer (TILE_N x TILE_K floats, 12 KB, held in the L1
@@ -20,46 +18,22 @@
 // at half the float32 GEMM's speed.
 //
 // Two versions of the inner loops: AVX2 + FMA + F16C, compiled through a target attribute so that every
-// x86 build contains them, and portable scalar C++. The caller picks one per call (use_avx2, decided
+// x86 build contains them (MINISGL_AVX2_FMA, gguf_blocks.h), and portable scalar C++. The caller picks one per call (use_avx2, decided
 // in Python from kernels/cpu/features.py), so the tests can run both on an AVX2 machine.
-#include <c10/util/Half.h>
-
 #include <algorithm>
-#include <cstring>
 #include <optional>
 #include <vector>
 
-#include "common.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define MINISGL_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "gguf_blocks.h"
 
 namespace minisgl {
 namespace {
 
-// ggml's type ids (gguf.GGMLQuantizationType): the ones this kernel multiplies.
-constexpr int64_t GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8;
-constexpr int64_t QK = 32;        // weights per block, for all three types
+using namespace gguf;
+
 constexpr int64_t TILE_N = 12;    // weight rows dequantized together: two blocks of 6 (outer_rows_avx2)
 constexpr int64_t TILE_K = 256;   // weights per row and chunk: TILE_N x TILE_K floats = 12 KB
 constexpr int64_t BATCH_ROWS = 16;  // from this many activation rows on, the AVX2 path goes through x^T
-
-int64_t block_bytes(int64_t type) {
-  switch (type) {
-    case GGML_Q4_0: return 18;
-    case GGML_Q4_1: return 20;
-    case GGML_Q8_0: return 34;
-    default: return 0;
-  }
-}
-
-inline float fp16_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-}
 
 // ---- portable scalar path ----
 
@@ -143,13 +117,6 @@ MINISGL_AVX2_FMA void dequant_tile_avx2(const uint8_t* rows, int64_t row_bytes, 
     for (int64_t off = 0; off < span; off += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
     for (int64_t i = 0; i < nb; ++i) dequant_block_avx2(row + i * bb, type, buf + n * TILE_K + i * QK);
   }
-}
-
-MINISGL_AVX2_FMA inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // A block of RM activation rows against RN weight rows of the tile, over kc weights (a multiple of
@@ -334,25 +301,9 @@ void gguf_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qweight, int
 // widened to float32 first (weight-only quantization: the activations keep their precision).
 at::Tensor gguf_mul_mat(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
                         const std::optional<at::Tensor>& bias, bool use_avx2) {
-  CHECK_INPUT(x);
-  CHECK_INPUT(qweight);
-  const int64_t bb = block_bytes(weight_type);
-  TORCH_CHECK(bb > 0, "gguf_mul_mat: ggml type ", weight_type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8)");
-  TORCH_CHECK(x.dim() == 2, "gguf_mul_mat: x must be 2-D [M, K], got ", x.dim(), "-D");
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
-              "gguf_mul_mat: qweight must be 2-D uint8 [N, bytes per row], got ", qweight.dim(), "-D ",
-              qweight.scalar_type());
-  TORCH_CHECK(qweight.size(1) % bb == 0, "gguf_mul_mat: a row of ", qweight.size(1),
-              " bytes is not a whole number of ", bb, "-byte blocks");
+  const std::optional<at::Tensor> bf = gguf::check_args("gguf_mul_mat", x, qweight, weight_type, bias);
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  TORCH_CHECK(K == qweight.size(1) / bb * QK, "gguf_mul_mat: x has K=", K, ", qweight rows hold ",
-              qweight.size(1) / bb * QK, " weights");
   const at::Tensor xf = x.to(at::kFloat);
-  std::optional<at::Tensor> bf;
-  if (bias) {
-    TORCH_CHECK(bias->numel() == N, "gguf_mul_mat: bias has ", bias->numel(), " values for N=", N);
-    bf = bias->to(at::kFloat).contiguous();
-  }
   auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
 #if !defined(__x86_64__)
   use_avx2 = false;

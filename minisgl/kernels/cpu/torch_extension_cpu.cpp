@@ -37,6 +37,9 @@ void apply_token_bitmask_cpu(at::Tensor& logits, const at::Tensor& bitmask);
 // gemm_gguf.cpp: GGUF blocks kept quantized
 at::Tensor gguf_mul_mat(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
                         const std::optional<at::Tensor>& bias, bool use_avx2);
+// gemm_gguf_vec.cpp: the same for a few rows, activations quantized to int8 per block
+at::Tensor gguf_mul_mat_vec_a8(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
+                               const std::optional<at::Tensor>& bias, bool use_avx2);
 }  // namespace minisgl
 
 TORCH_LIBRARY(minisgl_kernel, m) {
@@ -65,6 +68,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
       "int8_scaled_mm_with_quant(Tensor mat1, Tensor mat2, Tensor scales2, Tensor? bias, ScalarType out_dtype,"
       " bool is_vnni) -> Tensor");
   m.def("gguf_mul_mat(Tensor x, Tensor qweight, int weight_type, Tensor? bias, bool use_avx2) -> Tensor");
+  m.def("gguf_mul_mat_vec_a8(Tensor x, Tensor qweight, int weight_type, Tensor? bias, bool use_avx2) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
@@ -83,4 +87,5 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("int8_scaled_mm_with_quant", &minisgl::int8_scaled_mm_with_quant);
   m.impl("apply_token_bitmask_cpu", &minisgl::apply_token_bitmask_cpu);
   m.impl("gguf_mul_mat", &minisgl::gguf_mul_mat);
+  m.impl("gguf_mul_mat_vec_a8", &minisgl::gguf_mul_mat_vec_a8);
 }

@@ -9,9 +9,13 @@ each block one or two fp16 numbers and 32 small integers (ggml-common.h):
 - Q4_0 (18 bytes): d, 16 bytes of 4-bit q;        w = (q - 8) d
 - Q4_1 (20 bytes): d, m, 16 bytes of 4-bit q;     w = q d + m
 
-where byte j holds weight j in its low nibble and weight j + 16 in its high one. The GEMM is
-kernels/cpu/gemm_gguf.cpp where the CPU kernels built; elsewhere (a GPU, or no compiler) the
-weight is dequantized here, TILE_ROWS rows at a time, so no whole float copy of it ever exists.
+where byte j holds weight j in its low nibble and weight j + 16 in its high one. Where the CPU
+kernels built, a GEMM of up to MMVQ_MAX_ROWS rows quantizes the activations to int8 per block
+and multiplies integers (kernels/cpu/gemm_gguf_vec.cpp, SGLang's ggml_mul_mat_vec_a8 "MMVQ" path,
+and llama.cpp's for every batch); more rows keep their float activations and the blocks are
+dequantized inside the tile loop (kernels/cpu/gemm_gguf.cpp, weight-only). Elsewhere (a GPU, or no
+compiler) the weight is dequantized here, TILE_ROWS rows at a time, so no whole float copy of it
+ever exists.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ UNQUANTIZED_TYPES = {
 }
 BLOCK_SIZE = 32  # weights per block, for all three
 TILE_ROWS = 1024  # rows per dequantized slice on the PyTorch path
+# Up to this many rows the integer path is the faster, from 16 on the float one (bench_gguf_gemm.py on
+# SmolLM2's shapes, AMD EPYC with AVX2: Q4_1 at 1.8x the float path's speed at one row, 1.2x at 12, 0.9x
+# at 16, where gemm_gguf.cpp switches to its transposed-x loop). SGLang's CUDA bound is 6 rows
+# (mmvq_safe, python/sglang/srt/layers/quantization/gguf.py:150); its larger batches are int8 too.
+MMVQ_MAX_ROWS = 15
 
 
 def check_supported(weight_type: int, name: str) -> GGMLQuantizationType:
@@ -92,9 +101,9 @@ def fused_mul_mat_gguf(
     if weight_type in UNQUANTIZED_TYPES:
         y = F.linear(x2d, qweight.view(UNQUANTIZED_TYPES[weight_type]).to(x.dtype), bias)
     elif use_gguf_kernel(x):
-        y = torch.ops.minisgl_kernel.gguf_mul_mat(
-            x2d.contiguous(), qweight, int(weight_type), bias, gguf_gemm_uses_avx2()
-        )
+        ops = torch.ops.minisgl_kernel
+        gemm = ops.gguf_mul_mat_vec_a8 if x2d.shape[0] <= MMVQ_MAX_ROWS else ops.gguf_mul_mat
+        y = gemm(x2d.contiguous(), qweight, int(weight_type), bias, gguf_gemm_uses_avx2())
     else:
         y = torch.cat(
             [x2d @ ggml_dequantize(rows, weight_type, x.dtype).t() for rows in qweight.split(TILE_ROWS)], dim=-1

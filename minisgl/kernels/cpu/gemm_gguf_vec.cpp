@@ -1,0 +1,219 @@
+// GGUF GEMM for a few activation rows, on integers: the CPU counterpart of sgl-kernel's CUDA
+// ggml_mul_mat_vec_a8, which SGLang's layers/quantization/gguf.py calls for batches of up to 6 rows
+// ("MMVQ"), and of what llama.cpp's CPU backend does for every batch (ggml_vec_dot_q4_1_q8_1 and kin).
+//
+// Each row of x is quantized per block of 32, as the weights are (Q8_1 in ggml's terms):
+//   xq[j] = round(x[j] / dx),  dx = max|x[block]| / 127,  sx = sum_j xq[j]
+// and a weight block against an activation block becomes one integer dot product and two scalings:
+//   Q8_0:  dw dx sum(qs xq)
+//   Q4_0:  dw dx (sum(nibble xq) - 8 sx)
+//   Q4_1:  dw dx sum(nibble xq) + m dx sx
+// The sums are exact; what changes from gemm_gguf.cpp's float path is the activations' rounding to
+// 8 bits, the error llama.cpp and SGLang's GPU kernels accept on every GGUF GEMM. dx stays float32
+// where ggml stores it as fp16.
+//
+// Why: with float activations each weight is dequantized to a float and met by a float FMA, 8 per
+// instruction, and at one row the dequantization is most of the cost (a Q4_1 pass ran only 2x
+// faster than float32 on 6.4x fewer bytes). Here a block of 32 nibbles is unpacked into one
+// register and meets 32 activations in one _mm256_maddubs_epi16 (unsigned x signed bytes, adjacent
+// products added into int16: 15 x 127 x 2 fits), then _mm256_madd_epi16 against ones (int16 pairs
+// into int32) and one float FMA for the block's scale. Q8_0's weights are signed: maddubs takes
+// |qs| and xq with qs's sign (_mm256_sign_epi8), llama.cpp's trick; 128 x 127 x 2 still fits.
+//
+// Each weight row is read once per call and met by RM (up to 4) activation rows at a time; a row is
+// a few hundred contiguous bytes, the next one right after it.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "gguf_blocks.h"
+
+namespace minisgl {
+namespace {
+
+using namespace gguf;
+
+constexpr int MAX_RM = 4;  // activation rows met by one unpacked weight block
+constexpr int64_t PREFETCH_BYTES = 4096;
+
+// x [M, K] quantized per block: q [M][K] int8, and per block the pair (dx, dx sx) in ds [M][K / 32][2],
+// side by side so that one multiply by a weight block's (d, m) gives both of its scalings.
+// Division, not a multiply by 1 / dx, and nearbyint (ties to even): torch.round(x / dx) in the tests.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> ds;
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t blocks = M * K / QK;
+  QuantizedRows r{std::vector<int8_t>(M * K), std::vector<float>(2 * blocks)};
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * QK;
+    float amax = 0.f;
+    for (int j = 0; j < QK; ++j) amax = std::max(amax, std::abs(xb[j]));
+    const float d = std::max(amax, 1e-10f) / 127.f;
+    int sum = 0;
+    for (int j = 0; j < QK; ++j) {
+      const int q = static_cast<int>(std::clamp(std::nearbyint(xb[j] / d), -127.f, 127.f));
+      r.q[i * QK + j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    r.ds[2 * i] = d;
+    r.ds[2 * i + 1] = d * static_cast<float>(sum);
+  }
+  return r;
+}
+
+// ---- portable scalar path: the same integer sums, one at a time ----
+
+template <int64_t TYPE>
+void row_scalar(const uint8_t* row, const QuantizedRows& xq, int64_t m, int64_t nb, float* out) {
+  const int8_t* q = xq.q.data() + m * nb * QK;
+  const float* ds = xq.ds.data() + 2 * m * nb;
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * block_bytes(TYPE);
+    const int8_t* qb = q + b * QK;
+    int dot = 0;
+    if (TYPE == GGML_Q8_0) {
+      const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+      for (int j = 0; j < QK; ++j) dot += qs[j] * qb[j];
+    } else {
+      const uint8_t* qs = blk + (TYPE == GGML_Q4_1 ? 4 : 2);
+      for (int j = 0; j < QK / 2; ++j) dot += (qs[j] & 15) * qb[j] + (qs[j] >> 4) * qb[j + QK / 2];
+    }
+    const float dw = fp16_at(blk);
+    sum += dw * ds[2 * b] * static_cast<float>(dot);
+    if (TYPE == GGML_Q4_1) sum += fp16_at(blk + 2) * ds[2 * b + 1];
+    if (TYPE == GGML_Q4_0) sum -= 8.f * dw * ds[2 * b + 1];
+  }
+  *out = sum;
+}
+
+// ---- AVX2 path ----
+#if defined(__x86_64__)
+
+// A weight block's two scalings as a pair: (d, m) for Q4_1, (d, -8 d) for Q4_0; Q8_0 uses only d.
+// One vcvtph2ps converts Q4_1's d and m together (in a Q4_0 block the second half-word is not m).
+template <int64_t TYPE>
+MINISGL_AVX2_FMA inline __m128 block_scales(const uint8_t* blk) {
+  int32_t bits;
+  std::memcpy(&bits, blk, sizeof(bits));
+  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+  if (TYPE == GGML_Q4_0) return _mm_mul_ps(_mm_moveldup_ps(dm), _mm_setr_ps(1.f, -8.f, 0.f, 0.f));
+  return dm;
+}
+
+// One weight row against x rows m0 .. m0 + RM - 1: y[i] for x row m0 + i, ldy apart. Per block and
+// x row, sc = (d, m) * (dx, dx sx): lane 0 scales the integer dot product (8 partial sums in acc),
+// lane 1 is the block's constant term, summed in ext. (Four weight rows at a time against one x row,
+// sharing its loads, measured slower: 16 live registers and more spill.)
+template <int64_t TYPE, int RM>
+MINISGL_AVX2_FMA void row_avx2(const uint8_t* row, const QuantizedRows& xq, int64_t m0, int64_t nb, float* y,
+                               int64_t ldy) {
+  constexpr int64_t BB = block_bytes(TYPE);
+  const int64_t K = nb * QK;
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4);  // a byte's high nibble down to its low bits
+  __m256 acc[RM];
+  __m128 ext[RM];
+#pragma GCC unroll 4
+  for (int i = 0; i < RM; ++i) acc[i] = _mm256_setzero_ps(), ext[i] = _mm_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * BB;
+    // 4 KB ahead (about ten rows of SmolLM2's Q4_1): at one x row this made a pass over the model's
+    // GEMMs 10-15% faster on AMD EPYC (Zen 3); the hardware prefetcher alone lags. Prefetching past
+    // the weight's end is harmless: a prefetch never faults.
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH_BYTES), _MM_HINT_T0);
+    const __m128 dm = block_scales<TYPE>(blk);
+    __m256i w;
+    if (TYPE == GGML_Q8_0) {
+      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    } else {  // the 16 bytes in both halves; the upper half shifted by 4: weights 0-15, then 16-31
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == GGML_Q4_1 ? 4 : 2)));
+      w = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(qs), shift), low4);
+    }
+    const __m256i wabs = TYPE == GGML_Q8_0 ? _mm256_sign_epi8(w, w) : w;
+#pragma GCC unroll 4
+    for (int i = 0; i < RM; ++i) {
+      const int64_t mb = (m0 + i) * nb + b;
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q.data() + (m0 + i) * K + b * QK));
+      if (TYPE == GGML_Q8_0) a = _mm256_sign_epi8(a, w);
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, a), ones);
+      const __m128 dsx = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xq.ds.data() + 2 * mb)));
+      const __m128 sc = _mm_mul_ps(dm, dsx);
+      acc[i] = _mm256_fmadd_ps(_mm256_broadcastss_ps(sc), _mm256_cvtepi32_ps(dot), acc[i]);
+      if (TYPE != GGML_Q8_0) ext[i] = _mm_add_ps(ext[i], sc);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < RM; ++i) {
+    const float e = TYPE != GGML_Q8_0 ? _mm_cvtss_f32(_mm_movehdup_ps(ext[i])) : 0.f;
+    y[i * ldy] = hsum(acc[i]) + e;
+  }
+}
+
+// One weight row against every x row, MAX_RM at a time: y [M] with stride ldy.
+template <int64_t TYPE>
+MINISGL_AVX2_FMA void rows_avx2(const uint8_t* row, const QuantizedRows& xq, int64_t M, int64_t nb, float* y,
+                                int64_t ldy) {
+  int64_t m = 0;
+  for (; m + MAX_RM <= M; m += MAX_RM) row_avx2<TYPE, MAX_RM>(row, xq, m, nb, y + m * ldy, ldy);
+  switch (M - m) {
+    case 3: row_avx2<TYPE, 3>(row, xq, m, nb, y + m * ldy, ldy); break;
+    case 2: row_avx2<TYPE, 2>(row, xq, m, nb, y + m * ldy, ldy); break;
+    case 1: row_avx2<TYPE, 1>(row, xq, m, nb, y + m * ldy, ldy); break;
+    default: break;
+  }
+}
+#endif
+
+template <int64_t TYPE>
+void gemm_vec(const QuantizedRows& xq, int64_t M, int64_t K, const uint8_t* qweight, int64_t N, const float* bias,
+              float* out, bool use_avx2) {
+  const int64_t nb = K / QK, row_bytes = nb * block_bytes(TYPE);
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = qweight + n * row_bytes;
+#if defined(__x86_64__)
+      if (use_avx2) {
+        rows_avx2<TYPE>(row, xq, M, nb, out + n, N);
+      } else
+#endif
+      {
+        for (int64_t m = 0; m < M; ++m) row_scalar<TYPE>(row, xq, m, nb, out + m * N + n);
+      }
+      if (bias) {
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] += bias[n];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// y = x W^T + bias with x quantized to int8 per 32-block first: arguments and result as gguf_mul_mat's
+// (gemm_gguf.cpp). Meant for a few rows; kernels/cpu/features.py and gguf_kernel.py choose between the two.
+at::Tensor gguf_mul_mat_vec_a8(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
+                               const std::optional<at::Tensor>& bias, bool use_avx2) {
+  const std::optional<at::Tensor> bf = gguf::check_args("gguf_mul_mat_vec_a8", x, qweight, weight_type, bias);
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  const at::Tensor xf = x.to(at::kFloat);
+  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), M, K);
+  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
+#if !defined(__x86_64__)
+  use_avx2 = false;
+#endif
+  const uint8_t* w = qweight.data_ptr<uint8_t>();
+  const float* b = bf ? bf->data_ptr<float>() : nullptr;
+  float* y = out.data_ptr<float>();
+  switch (weight_type) {
+    case GGML_Q4_0: gemm_vec<GGML_Q4_0>(xq, M, K, w, N, b, y, use_avx2); break;
+    case GGML_Q4_1: gemm_vec<GGML_Q4_1>(xq, M, K, w, N, b, y, use_avx2); break;
+    default: gemm_vec<GGML_Q8_0>(xq, M, K, w, N, b, y, use_avx2); break;
+  }
+  return out.to(x.scalar_type());
+}
+
+}  // namespace minisgl
