@@ -194,7 +194,7 @@ void gemm_vec(const QuantizedRows& xq, int64_t M, int64_t K, const uint8_t* qwei
 }  // namespace
 
 // y = x W^T + bias with x quantized to int8 per 32-block first: arguments and result as gguf_mul_mat's
-// (gemm_gguf.cpp). Meant for a few rows; kernels/cpu/features.py and gguf_kernel.py choose between the two.
+// (gemm_gguf.cpp). Meant for a few rows: layers/quantization/gguf_kernel.py picks one of the two by M.
 at::Tensor gguf_mul_mat_vec_a8(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
                                const std::optional<at::Tensor>& bias, bool use_avx2) {
   const std::optional<at::Tensor> bf = gguf::check_args("gguf_mul_mat_vec_a8", x, qweight, weight_type, bias);
