@@ -3,6 +3,7 @@
     python benchmarks/bench_one_batch.py                  # float32 and bfloat16, batch 1, 4, 16
     python benchmarks/bench_one_batch.py --short          # float32, batch 1 and 4, fewer tokens
     python benchmarks/bench_one_batch.py --batch-sizes 1 4 --rounds 3   # the numbers in docs/performance
+    python benchmarks/bench_one_batch.py --dtypes float32:gguf --batch-sizes 1 4   # the Q4_1 file's blocks
 
 SGLang's bench_one_batch measures one static batch; this does the same through the Engine:
 for each batch size B, B prompts of --input-len random tokens; TTFT is the time of a run with
@@ -14,8 +15,11 @@ default, --disable-overlap-schedule false), and each with the CPU graph runner
 memory bandwidth moves between runs by a fifth or more.
 llama.cpp (scripts/setup_llama_cpp.sh) runs the same prompts through benchmarks/peer_llama_cpp.py
 in the same dtype, with TTFT and decode rate from llama-server's own per-request timings (prompt_ms,
-predicted_per_second), and vLLM's CPU build (scripts/setup_vllm_cpu.sh) through benchmarks/peer_vllm.py,
-which reports throughput only, shown per stream; each is skipped with a printed line when absent.
+predicted_per_second); a variant spelled dtype:quantization as in bench_quant.py (float32:gguf runs
+the GGUF file's blocks) meets llama.cpp on that same Q4_1 file for gguf, in its dtype otherwise.
+vLLM's CPU build (scripts/setup_vllm_cpu.sh) runs through benchmarks/peer_vllm.py, which reports
+throughput only, shown per stream (float variants only); each peer is skipped with a printed line
+when absent.
 Each dtype starts with the weight-bandwidth floor: weight bytes / the DRAM read rate
 benchmarks/roofline.py measures, the least time one decode step can take, and every decode rate
 is shown as a share of it.
@@ -70,8 +74,14 @@ def time_generate(engine: Engine, prompts: list[list[int]], n: int) -> float:
     return time.perf_counter() - start
 
 
-def run_minisgl(path: str, dtype: str, mode: dict, args, batches: list[int], vocab: int) -> dict:
-    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=32768, disable_radix_cache=True, **mode)
+def engine_for(model_path: str, variant: str, **kwargs) -> Engine:
+    """An Engine for a variant: a dtype, or dtype:quantization as bench_quant.py spells it."""
+    dtype, _, quantization = variant.partition(":")
+    return Engine(model_path=model_path, dtype=dtype, quantization=quantization or None, **kwargs)
+
+
+def run_minisgl(path: str, variant: str, mode: dict, args, batches: list[int], vocab: int) -> dict:
+    engine = engine_for(path, variant, max_total_tokens=32768, disable_radix_cache=True, **mode)
     rows, warmup = {}, 0.0
     for b in batches:
         prompts = [p for p, _ in make_workload(**workload_kwargs(b, args, vocab))]
@@ -111,8 +121,8 @@ def best_of_rounds(best: dict | None, new: dict | None) -> dict | None:
     return best
 
 
-def weight_bytes_and_vocab(path: str, dtype: str) -> tuple[int, int]:
-    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=1024, disable_overlap_schedule=True)
+def weight_bytes_and_vocab(path: str, variant: str) -> tuple[int, int]:
+    engine = engine_for(path, variant, max_total_tokens=1024, disable_overlap_schedule=True)
     runner = engine.scheduler.tp_worker.model_runner
     total = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     engine.shutdown()
@@ -135,7 +145,6 @@ def main() -> None:
     if args.short:
         args.dtypes, args.batch_sizes, args.output_len = ["float32"], [1, 4], 16
         args.modes = ["minisgl normal", "minisgl overlap"]
-    path = resolve_model_path(args.model_path)
     source_gguf = gguf_source(args.model_path)
     threads = torch.get_num_threads()
     isa = torch.backends.cpu.get_cpu_capability()
@@ -143,6 +152,8 @@ def main() -> None:
     print(f"{args.model_path}: {args.input_len} prompt tokens, {args.output_len} new, {threads} threads, greedy")
     bandwidth = read_bandwidth(1 << 30)
     for dtype in args.dtypes:
+        # A float variant runs from the float32 conversion; a :gguf one from the file, as Engine resolves it.
+        path = args.model_path if dtype.endswith(":gguf") else resolve_model_path(args.model_path)
         nbytes, vocab = weight_bytes_and_vocab(path, dtype)
         floor_ms = 1e3 * nbytes / bandwidth
         print(f"\n== {dtype}: weights {nbytes / 1e6:.0f} MB, DRAM read {bandwidth / 1e9:.1f} GB/s (roofline.py)")
@@ -153,23 +164,26 @@ def main() -> None:
         }
         if Path(args.llama_server).exists() and source_gguf:
             cmd = [sys.executable, str(ROOT / "benchmarks" / "peer_llama_cpp.py"), "--gguf", source_gguf]
-            cmd += ["--dtype", dtype, "--server", args.llama_server, "--threads", str(threads), "--workload"]
-            runs[f"llama.cpp {dtype}"] = lambda cmd=cmd: run_peer(lambda w: cmd + [w], args.batch_sizes, args, vocab)
+            peer_dtype = "q4_1" if dtype.endswith(":gguf") else dtype.partition(":")[0]
+            cmd += ["--dtype", peer_dtype, "--server", args.llama_server, "--threads", str(threads), "--workload"]
+            runs[f"llama.cpp {peer_dtype}"] = lambda cmd=cmd: run_peer(
+                lambda w: cmd + [w], args.batch_sizes, args, vocab
+            )
         else:
             print(f"   llama.cpp: skipped, no {args.llama_server} (scripts/setup_llama_cpp.sh) or no GGUF source")
-        if Path(args.vllm_python).exists():
+        if Path(args.vllm_python).exists() and ":" not in dtype:
             cmd = [args.vllm_python, str(ROOT / "benchmarks" / "peer_vllm.py"), "--model-path", path]
             cmd += ["--dtype", dtype, "--workload"]
             runs["vLLM CPU"] = lambda cmd=cmd: run_peer(lambda w: cmd + [w], args.batch_sizes, args, vocab)
         else:
-            print(f"   vLLM CPU: skipped, not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
+            print(f"   vLLM CPU: skipped, not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh) or {dtype}")
         results = {name: None for name in runs}
         for _ in range(args.rounds):  # every engine once per round, so that all see the same machine
             for name, run in runs.items():
                 results[name] = best_of_rounds(results[name], run())
         if args.rounds > 1:
             print(f"   best of {args.rounds} rounds (fastest decode, shortest TTFT per row)")
-        peer = results.get(f"llama.cpp {dtype}")
+        peer = next((res for name, res in results.items() if name.startswith("llama.cpp")), None)
         header = f"{'engine':28s} {'batch':>5s} {'TTFT ms':>8s} {'tok/s/stream':>12s} {'of floor':>8s}"
         print(f"   {header} {'/llama.cpp':>10s}")
         for name, res in results.items():

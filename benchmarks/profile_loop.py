@@ -2,6 +2,7 @@
 
     python benchmarks/profile_loop.py                                   # float32, batch 1, eager
     python benchmarks/profile_loop.py --dtype bfloat16 --batch 4 --enable-torch-compile
+    python benchmarks/profile_loop.py --quantization gguf                # from the Q4_1 file's blocks
 
 benchmarks/profile_step.py looks inside the model forward (operators, Python between them); this
 one looks around it. It wraps, with wall-clock timers, the methods one iteration of the normal
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up; each is printed")
+    parser.add_argument("--quantization", choices=["w8a8_int8", "gguf"], help="a quantized model (bench_quant's)")
     parser.add_argument("--enable-torch-compile", action="store_true", help="the CPUGraphRunner, buckets up to --batch")
     args = parser.parse_args()
 
@@ -37,11 +39,11 @@ def main() -> None:
     from workload import make_workload
 
     from minisgl.entrypoints.engine import Engine
-    from minisgl.model_loader.gguf import resolve_model_path
 
     engine = Engine(
-        model_path=resolve_model_path(args.model_path),
+        model_path=args.model_path,
         dtype=args.dtype,
+        quantization=args.quantization,
         disable_radix_cache=True,
         enable_torch_compile=args.enable_torch_compile,
         torch_compile_max_bs=args.batch,
@@ -77,7 +79,8 @@ def main() -> None:
 
     prompts = [p for p, _ in make_workload(args.batch, args.prompt_len, args.prompt_len, 1, 1, 49152, seed=1)]
     params = {"temperature": 0, "max_new_tokens": args.decode_steps + 1, "ignore_eos": True}
-    print(f"{cpu_name()}; {args.dtype}, batch {args.batch}, graph runner {'on' if runner.graph_runner else 'off'}")
+    variant = args.dtype + (f":{args.quantization}" if args.quantization else "")
+    print(f"{cpu_name()}; {variant}, batch {args.batch}, graph runner {'on' if runner.graph_runner else 'off'}")
     engine.generate(input_ids=prompts, sampling_params=params)  # warm-up (and compile)
     for _ in range(args.rounds):
         seconds.clear()

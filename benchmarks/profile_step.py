@@ -3,6 +3,7 @@
     python benchmarks/profile_step.py                      # float32, the default (C++ kernels) path
     python benchmarks/profile_step.py --torch-native       # the same without minisgl's CPU kernels
     python benchmarks/profile_step.py --dtype bfloat16
+    python benchmarks/profile_step.py --quantization gguf --batch 1  # the Q4_1 file's blocks
 
 Runs SmolLM2-135M on --batch requests of --prompt-len random tokens: their prefill (in chunks of
 the engine's chunked_prefill_size), then --decode-steps decode steps with all of them, and prints,
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--decode-steps", type=int, default=10)
     parser.add_argument("--rows", type=int, default=12, help="operators to list per phase")
+    parser.add_argument("--quantization", choices=["w8a8_int8", "gguf"], help="a quantized model (bench_quant's)")
     parser.add_argument("--torch-native", action="store_true", help="without minisgl's C++ CPU kernels")
     args = parser.parse_args()
     if args.torch_native:
@@ -41,13 +43,18 @@ def main() -> None:
     from workload import make_workload
 
     from minisgl.entrypoints.engine import Engine
-    from minisgl.model_loader.gguf import resolve_model_path
 
-    path = resolve_model_path(args.model_path)
-    engine = Engine(model_path=path, dtype=args.dtype, max_total_tokens=32768, disable_radix_cache=True)
+    engine = Engine(
+        model_path=args.model_path,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_total_tokens=32768,
+        disable_radix_cache=True,
+    )
     runner = engine.scheduler.tp_worker.model_runner
+    variant = args.dtype + (f":{args.quantization}" if args.quantization else "")
     print(
-        f"{args.dtype}, attention backend {engine.server_args.attention_backend}, "
+        f"{variant}, attention backend {engine.server_args.attention_backend}, "
         f"{torch.get_num_threads()} threads; {args.batch} requests x {args.prompt_len} prompt tokens, "
         f"then {args.decode_steps} decode steps"
     )
