@@ -57,8 +57,9 @@ def test_gemm_matches_dequantize_then_matmul(weight_type, use_avx2, m, n, k):
 @needs_kernels
 @pytest.mark.parametrize("use_avx2", PATHS)
 @pytest.mark.parametrize("weight_type", TYPES)
-# K = 1056 crosses no chunk here but 33 blocks; M = 5 and 6 leave 1 and 2 rows after a group of 4.
-@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (2, 9, 64), (3, 17, 1056), (5, 33, 96), (6, 4, 576)])
+# K = 1056 crosses no chunk here but 33 blocks; M = 5 and 6 leave 1 and 2 rows after a group of 4;
+# at M = 1 Q4 rows go in pairs, and N = 37 leaves one over (and splits oddly between threads).
+@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (1, 37, 576), (2, 9, 64), (3, 17, 1056), (5, 33, 96), (6, 4, 576)])
 def test_vec_a8_gemm_matches_its_integer_arithmetic(weight_type, use_avx2, m, n, k):
     q, w = _weights(n, k, weight_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
@@ -72,6 +73,18 @@ def test_vec_a8_gemm_matches_its_integer_arithmetic(weight_type, use_avx2, m, n,
     # output's scale here (about 0.5% measured), where a wrong nibble or sign is tens of percent.
     exact = x.double() @ w.double().t() + bias.double()
     assert (out.double() - exact).abs().max() < 0.02 * exact.abs().max()
+
+
+@needs_kernels
+@pytest.mark.parametrize("use_avx2", PATHS)
+def test_vec_a8_rounds_halves_to_even(use_avx2):
+    """max|x| = 127 makes dx = 1, so x / dx lands on halves: both quantizers must round them to even
+    (2.5 -> 2, -3.5 -> -4), as the reference's torch.round does."""
+    q, _ = _weights(3, 32, T.Q8_0)
+    x = torch.tensor([[127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5] + [0.0] * 25])
+    ref = vec_a8_reference(x, q, T.Q8_0)
+    out = torch.ops.minisgl_kernel.gguf_mul_mat_vec_a8(x, q, int(T.Q8_0), None, use_avx2)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=0)
 
 
 @needs_kernels
