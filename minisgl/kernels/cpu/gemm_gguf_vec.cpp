@@ -212,7 +212,9 @@ MINISGL_AVX2_FMA void row_avx2(const uint8_t* row, const QuantizedRows& xq, int6
   for (int64_t b = 0; b < nb; ++b) {
     const WeightBlock wb = load_block<TYPE>(row + b * block_bytes(TYPE));
 #pragma GCC unroll 4
-    for (int i = 0; i < RM; ++i) block_dot<TYPE>(wb, x_block(xq, m0 + i, nb * QK, b), x_scales(xq, m0 + i, nb, b), acc[i], ext[i]);
+    for (int i = 0; i < RM; ++i) {
+      block_dot<TYPE>(wb, x_block(xq, m0 + i, nb * QK, b), x_scales(xq, m0 + i, nb, b), acc[i], ext[i]);
+    }
   }
 #pragma GCC unroll 4
   for (int i = 0; i < RM; ++i) y[i * ldy] = finish<TYPE>(acc[i], ext[i]);
@@ -230,7 +232,9 @@ MINISGL_AVX2_FMA void row_pair_avx2(const uint8_t* row, int64_t row_bytes, const
     const __m256i a = x_block(xq, 0, nb * QK, b);
     const __m128 dsx = x_scales(xq, 0, nb, b);
 #pragma GCC unroll 2
-    for (int r = 0; r < 2; ++r) block_dot<TYPE>(load_block<TYPE>(row + r * row_bytes + b * block_bytes(TYPE)), a, dsx, acc[r], ext[r]);
+    for (int r = 0; r < 2; ++r) {
+      block_dot<TYPE>(load_block<TYPE>(row + r * row_bytes + b * block_bytes(TYPE)), a, dsx, acc[r], ext[r]);
+    }
   }
   y[0] = finish<TYPE>(acc[0], ext[0]);
   y[1] = finish<TYPE>(acc[1], ext[1]);
