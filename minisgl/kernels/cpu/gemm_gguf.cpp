@@ -301,16 +301,9 @@ void gguf_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qweight, int
 // widened to float32 first (weight-only quantization: the activations keep their precision).
 at::Tensor gguf_mul_mat(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
                         const std::optional<at::Tensor>& bias, bool use_avx2) {
-  const std::optional<at::Tensor> bf = gguf::check_args("gguf_mul_mat", x, qweight, weight_type, bias);
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  const at::Tensor xf = x.to(at::kFloat);
-  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
-#if !defined(__x86_64__)
-  use_avx2 = false;
-#endif
-  gguf_gemm(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), N, weight_type,
-            bf ? bf->data_ptr<float>() : nullptr, out.data_ptr<float>(), use_avx2);
-  return out.to(x.scalar_type());
+  return gguf::run_op("gguf_mul_mat", x, qweight, weight_type, bias, use_avx2,
+                      [&](const float* xf, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* b, float* y,
+                          bool avx2) { gguf_gemm(xf, M, K, w, N, weight_type, b, y, avx2); });
 }
 
 }  // namespace minisgl

@@ -292,23 +292,16 @@ void gemm_vec(const QuantizedRows& xq, int64_t M, int64_t K, const uint8_t* qwei
 // (gemm_gguf.cpp). Meant for a few rows: layers/quantization/gguf_kernel.py picks one of the two by M.
 at::Tensor gguf_mul_mat_vec_a8(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
                                const std::optional<at::Tensor>& bias, bool use_avx2) {
-  const std::optional<at::Tensor> bf = gguf::check_args("gguf_mul_mat_vec_a8", x, qweight, weight_type, bias);
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  const at::Tensor xf = x.to(at::kFloat);
-#if !defined(__x86_64__)
-  use_avx2 = false;
-#endif
-  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), M, K, use_avx2);
-  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  const uint8_t* w = qweight.data_ptr<uint8_t>();
-  const float* b = bf ? bf->data_ptr<float>() : nullptr;
-  float* y = out.data_ptr<float>();
-  switch (weight_type) {
-    case GGML_Q4_0: gemm_vec<GGML_Q4_0>(xq, M, K, w, N, b, y, use_avx2); break;
-    case GGML_Q4_1: gemm_vec<GGML_Q4_1>(xq, M, K, w, N, b, y, use_avx2); break;
-    default: gemm_vec<GGML_Q8_0>(xq, M, K, w, N, b, y, use_avx2); break;
-  }
-  return out.to(x.scalar_type());
+  return gguf::run_op("gguf_mul_mat_vec_a8", x, qweight, weight_type, bias, use_avx2,
+                      [&](const float* xf, int64_t M, int64_t K, const uint8_t* w, int64_t N, const float* b, float* y,
+                          bool avx2) {
+                        const QuantizedRows xq = quantize_rows(xf, M, K, avx2);
+                        switch (weight_type) {
+                          case GGML_Q4_0: gemm_vec<GGML_Q4_0>(xq, M, K, w, N, b, y, avx2); break;
+                          case GGML_Q4_1: gemm_vec<GGML_Q4_1>(xq, M, K, w, N, b, y, avx2); break;
+                          default: gemm_vec<GGML_Q8_0>(xq, M, K, w, N, b, y, avx2); break;
+                        }
+                      });
 }
 
 }  // namespace minisgl

@@ -62,6 +62,23 @@ inline std::optional<at::Tensor> check_args(const char* op, const at::Tensor& x,
   return bias->to(at::kFloat).contiguous();
 }
 
+// The shell both GGUF ops share: check the arguments, widen x to float32, run
+// gemm(x, M, K, qweight, N, bias, y, use_avx2) into a float32 y [M, N], return y in x's dtype.
+template <typename Gemm>
+at::Tensor run_op(const char* op, const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
+                  const std::optional<at::Tensor>& bias, bool use_avx2, Gemm gemm) {
+  const std::optional<at::Tensor> bf = check_args(op, x, qweight, weight_type, bias);
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  const at::Tensor xf = x.to(at::kFloat);
+  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
+#if !defined(__x86_64__)
+  use_avx2 = false;
+#endif
+  gemm(xf.data_ptr<float>(), M, K, qweight.data_ptr<uint8_t>(), N, bf ? bf->data_ptr<float>() : nullptr,
+       out.data_ptr<float>(), use_avx2);
+  return out.to(x.scalar_type());
+}
+
 #if defined(__x86_64__)
 // The sum of a vector's 8 floats.
 MINISGL_AVX2_FMA inline float hsum(__m256 v) {
