@@ -1,4 +1,4 @@
-"""The W8A8-int8 kernels (minisgl/kernels/cpu/gemm_int8.cpp) against PyTorch's int8 arithmetic.
+"""The W8A8-int8 kernels (minisgl/kernels/cpu/gemm_int8.cpp, gemm_int8_vnni.cpp) against PyTorch's int8 arithmetic.
 
 The reference quantizes in torch (round(x / scale), scale = max|x| / 127) and multiplies with
 exact int64 sums, so the kernel must give the same int8 activations and scales bit for bit and
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minisgl.kernels.cpu import is_available
+from minisgl.kernels.cpu.features import cpu_features, int8_gemm_engine
 from minisgl.layers.quantization.int8_kernel import (
     int8_scaled_mm_native,
     int8_scaled_mm_with_quant,
@@ -49,8 +50,9 @@ def test_int8_scaled_mm_with_quant(M, N, K, dtype, with_bias):
     w = torch.randn(N, K, generator=g) * K**-0.5
     bias = torch.randn(N, generator=g).to(dtype) if with_bias else None
     w_q, w_scale = quantize_weight_int8(w)
-    packed = pack_int8_weight(w_q)
+    packed = pack_int8_weight(w_q)  # in the layout of this CPU's fastest engine
     assert packed.dim() == 3, "the kernel path must be the one under test"
+    assert packed.shape[2] == {"avx512_vnni": 64, "avx2": 32}[int8_gemm_engine()]
     out = int8_scaled_mm_with_quant(x, packed, w_scale, bias)
     ref = _exact_reference(x, w_q, w_scale, bias)
     tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
@@ -76,3 +78,58 @@ def test_bad_shapes_are_refused():
         ops.int8_scaled_mm_with_quant(torch.randn(2, 64), packed, w_scale[:8].reshape(-1), None, torch.float32, True)
     with pytest.raises(RuntimeError, match="2-D int8 weight"):
         ops.convert_weight_packed_int8(torch.randn(32, 64))
+
+
+def _vnni_layout_reference(w_q: torch.Tensor) -> torch.Tensor:
+    """convert_weight_packed_int8_vnni in torch: 16-column panels of k-quads, then 128 x each column's sum."""
+    N, K = w_q.shape
+    panels, K4 = -(-N // 16), -(-K // 4)
+    w = torch.zeros(panels * 16, K4 * 4, dtype=torch.int8)
+    w[:N, :K] = w_q
+    quads = w.view(panels, 16, K4, 4).transpose(1, 2).reshape(panels, K4, 64)
+    comp = (128 * w.long().sum(dim=1)).to(torch.int32).view(panels, 16).view(torch.int8).view(panels, 1, 64)
+    return torch.cat([quads, comp], dim=1)
+
+
+@pytest.mark.parametrize("N,K", [(16, 64), (40, 33), (100, 130), (17, 5)])
+def test_vnni_int8_layout_and_compensation(N, K):
+    """Pure data movement and integer sums: checked on every CPU, VNNI or not."""
+    w_q, _ = quantize_weight_int8(torch.randn(N, K, generator=torch.Generator().manual_seed(N)))
+    assert torch.equal(ops.convert_weight_packed_int8_vnni(w_q), _vnni_layout_reference(w_q))
+
+
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 16, 64), (3, 40, 33), (8, 48, 64), (9, 576, 576), (70, 100, 130), (200, 96, 1536)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_vnni_int8_gemm_equals_the_avx2_one_bit_for_bit(M, N, K, dtype, with_bias):
+    """vpdpbusd's sums (activations shifted by 128, the shift taken back out exactly) are the same
+    integers as vpmaddwd's, and the epilogue is the same float32 arithmetic: identical outputs.
+    M covers 1 and 2 panels per tile, 1-8 rows per tile and more than one 128-row chunk."""
+    if "avx512_vnni" not in cpu_features():
+        pytest.skip(f"needs avx512_vnni; this CPU has {sorted(cpu_features())}")
+    g = torch.Generator().manual_seed(M + N + K)
+    x = (torch.randn(M, K, generator=g) * 4).to(dtype)
+    x[0, : K // 2] = 0  # a half-zero row; and a row of one large value among small ones
+    if M > 1:
+        x[1, 0] = 100.0
+    w_q, w_scale = quantize_weight_int8(torch.randn(N, K, generator=g))
+    bias = torch.randn(N, generator=g).to(dtype) if with_bias else None
+    vnni = int8_scaled_mm_with_quant(x, pack_int8_weight(w_q, "avx512_vnni"), w_scale, bias)
+    avx2 = int8_scaled_mm_with_quant(x, pack_int8_weight(w_q, "avx2"), w_scale, bias)
+    assert torch.equal(vnni, avx2)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+    torch.testing.assert_close(vnni, _exact_reference(x, w_q, w_scale, bias), atol=tol, rtol=tol)
+
+
+def test_vnni_int8_shapes_are_checked():
+    w_q, w_scale = quantize_weight_int8(torch.randn(32, 64))
+    packed = ops.convert_weight_packed_int8_vnni(w_q)
+    with pytest.raises(RuntimeError, match="packed for K=64"):
+        ops.int8_scaled_mm_with_quant(torch.randn(2, 56), packed, w_scale.view(-1), None, torch.float32, True)
+    with pytest.raises(RuntimeError, match="2-D int8 weight"):
+        ops.convert_weight_packed_int8_vnni(torch.randn(32, 64))
+    if "avx512_vnni" not in cpu_features():  # the kernel refuses, by the feature's name, rather than crash
+        with pytest.raises(RuntimeError, match="needs avx512_vnni"):
+            ops.int8_scaled_mm_with_quant(torch.randn(2, 64), packed, w_scale.view(-1), None, torch.float32, True)

@@ -58,6 +58,7 @@ _SOURCES = [
     "gemm_vnni.cpp",
     "sampling.cpp",
     "gemm_int8.cpp",
+    "gemm_int8_vnni.cpp",
     "gemm_gguf.cpp",
     "gemm_gguf_vec.cpp",
     "torch_extension_cpu.cpp",

@@ -20,6 +20,7 @@ _FEATURES = {
     "amx_bf16": "amx_bf16",  # AMX tiles with bf16 dot products: at::native::cpublas::brgemm, M > 4
     "amx_fp16": "amx_fp16",  # the same for fp16 (Granite Rapids onwards)
     "avx512_bf16": "avx512_bf16",  # vdpbf16ps: the small-M bf16 GEMM
+    "avx512_vnni": "avx512_vnni",  # vpdpbusd: the int8 GEMM (gemm_int8_vnni.cpp)
     "avx512f": "avx512_f",  # ATen's AVX512 build of at::vec: 32-column float panels
     "avx2": "avx2",  # ATen's AVX2 build: 16-column float panels
     "fma": "fma3",  # with avx2 and f16c: gemm_gguf.cpp's vector path
@@ -88,6 +89,13 @@ def vnni_gemm_engine(dtype: torch.dtype) -> str | None:
     if dtype == torch.float16 and "amx_fp16" in features:
         return "amx_fp16"
     return None
+
+
+def int8_gemm_engine() -> str:
+    """The instruction that multiplies W8A8-int8 weights here: vpdpbusd where the CPU has
+    AVX512-VNNI (weights packed in k-quads), else AVX2's vpmaddwd (k-pairs; a scalar loop in a
+    build without AVX2)."""
+    return "avx512_vnni" if "avx512_vnni" in cpu_features() else "avx2"
 
 
 def gguf_gemm_uses_avx2() -> bool:

@@ -14,10 +14,12 @@
 // So the weight is packed with pairs of k side by side, [N / 16][K / 2][16 columns][2], and a row of
 // activations is broadcast one pair (one int32) at a time. The faster _mm256_maddubs_epi16
 // (u8 x s8 -> saturating int16 pairs) is what sgl-kernel uses with a +128 offset on the
-// activations, but 255 x 127 x 2 = 64,770 overflows int16, and the VNNI instructions it stands in
-// for (vpdpbusd, AMX tdpbusd) are not on this machine to test. (llama.cpp's AVX2 dot products stay
-// exact without the offset, multiplying |a| by w carrying a's sign, _mm256_sign_epi8; not tried here.)
-// What sgl-kernel has and this file omits: the AVX512-VNNI and AMX-int8 paths, and fused MoE.
+// activations, but 255 x 127 x 2 = 64,770 overflows int16; the instruction it stands in for, VNNI's
+// vpdpbusd, accumulates in int32 and does not saturate. (llama.cpp's AVX2 dot products stay exact
+// without the offset, multiplying |a| by w carrying a's sign, _mm256_sign_epi8; not tried here.)
+// This is the path of CPUs without AVX512-VNNI; with it, gemm_int8_vnni.cpp multiplies a weight
+// packed in k-quads (the layout tells the two apart). What sgl-kernel has and minisgl omits: the
+// AMX-int8 path, and fused MoE.
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -35,13 +37,26 @@ constexpr int64_t QBLOCK_N = 16;  // columns per panel: two ymm registers of int
 constexpr int QMAX_ROWS = 4;      // 2 x 4 accumulators + 2 weight registers + 1 broadcast of 16 ymm
 
 // One row of x quantized to int16 (values in [-127, 127]), padded with a zero to an even length.
-// Division, not a multiply by 1 / scale, and nearbyint (ties to even): what torch.round(x / scale) does.
+// Division, not a multiply by 1 / scale, and rounding ties to even: what torch.round(x / scale) does.
+// A vector at a time (at::vec's round() is _mm*_round_ps to nearest even): element by element this
+// took 150 us on 64 x 576 bfloat16 values, as long as the int8 GEMM after it.
 template <typename scalar_t>
 float quantize_row(const scalar_t* x, int64_t K, int16_t* q) {
-  float amax = 0.f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(static_cast<float>(x[k])));
+  using Vec = at::vec::Vectorized<float>;
+  constexpr int64_t W = Vec::size();
+  Vec vmax(0.f);
+  int64_t k = 0;
+  for (; k + W <= K; k += W) vmax = at::vec::maximum(vmax, load_float(x + k).abs());
+  float amax = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax);
+  for (; k < K; ++k) amax = std::max(amax, std::abs(static_cast<float>(x[k])));
   const float scale = std::max(amax, 1e-10f) / 127.f;
-  for (int64_t k = 0; k < K; ++k) {
+  const Vec vscale(scale), lo(-127.f), hi(127.f);
+  float buf[W];
+  for (k = 0; k + W <= K; k += W) {
+    at::vec::clamp(load_float(x + k) / vscale, lo, hi).round().store(buf);
+    for (int64_t i = 0; i < W; ++i) q[k + i] = static_cast<int16_t>(buf[i]);
+  }
+  for (; k < K; ++k) {
     q[k] = static_cast<int16_t>(std::clamp(std::nearbyint(static_cast<float>(x[k]) / scale), -127.f, 127.f));
   }
   if (K % 2) q[K] = 0;
@@ -137,19 +152,25 @@ std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x) {
   auto q = at::empty({M, K}, x.options().dtype(at::kChar));
   auto scales = at::empty({M, 1}, x.options().dtype(at::kFloat));
   MINISGL_DISPATCH_FLOATING_TYPES(x.scalar_type(), "per_token_quant_int8", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    int8_t* dst = q.data_ptr<int8_t>();
+    float* scale = scales.data_ptr<float>();
     at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
       std::vector<int16_t> row(K + 1);
       for (int64_t m = begin; m < end; ++m) {
-        scales.data_ptr<float>()[m] = quantize_row(x.data_ptr<scalar_t>() + m * K, K, row.data());
-        for (int64_t k = 0; k < K; ++k) q.data_ptr<int8_t>()[m * K + k] = static_cast<int8_t>(row[k]);
+        scale[m] = quantize_row(src + m * K, K, row.data());
+        std::copy_n(row.begin(), K, dst + m * K);  // narrowing: the values are in [-127, 127]
       }
     });
   });
   return {q, scales};
 }
 
+at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed, const at::Tensor& scales2,
+                               const std::optional<at::Tensor>& bias);  // gemm_int8_vnni.cpp
+
 // y = quantize(mat1) @ mat2^T, rescaled, + bias, in out_dtype (mat1's dtype in every caller here).
-// mat2 is convert_weight_packed_int8's output when is_vnni, else a plain [N, K] int8 weight.
+// mat2 is convert_weight_packed_int8's (or _vnni's) output when is_vnni, else a plain [N, K] int8 weight.
 at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
                                      const std::optional<at::Tensor>& bias, at::ScalarType out_dtype,
                                      bool is_vnni) {
@@ -161,10 +182,14 @@ at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& m
   CHECK_INPUT(packed);
   const int64_t M = mat1.size(0), K = mat1.size(1), K2 = (K + 1) / 2;
   const int64_t N = scales2.numel();
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar && packed.size(2) == 2 * QBLOCK_N,
+  // The last dimension tells the layouts apart: 32 bytes of k-pairs here, 64 of k-quads for VNNI.
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar &&
+                  (packed.size(2) == 2 * QBLOCK_N || packed.size(2) == 4 * QBLOCK_N),
               "int8_scaled_mm_with_quant: mat2 is not a packed int8 weight");
-  TORCH_CHECK(packed.size(1) == K2, "int8_scaled_mm_with_quant: mat1 has K=", K, ", mat2 was packed for K=",
-              2 * packed.size(1), " (or one less)");
+  const bool vnni = packed.size(2) == 4 * QBLOCK_N;
+  const int64_t group = vnni ? 4 : 2, groups = vnni ? packed.size(1) - 1 : packed.size(1);  // + compensation row
+  TORCH_CHECK(groups == (K + group - 1) / group, "int8_scaled_mm_with_quant: mat1 has K=", K,
+              ", mat2 was packed for K=", group * groups, " (or up to ", group - 1, " less)");
   TORCH_CHECK(packed.size(0) == (N + QBLOCK_N - 1) / QBLOCK_N, "int8_scaled_mm_with_quant: ", N,
               " scales for a weight packed with ", packed.size(0), " panels of ", QBLOCK_N);
   TORCH_CHECK(scales2.scalar_type() == at::kFloat && scales2.is_contiguous(),
@@ -173,6 +198,7 @@ at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& m
     TORCH_CHECK(bias->numel() == N && bias->scalar_type() == mat1.scalar_type() && bias->is_contiguous(),
                 "int8_scaled_mm_with_quant: bias must be ", N, " contiguous values of mat1's dtype");
   }
+  if (vnni) return int8_scaled_mm_vnni(mat1, packed, scales2, bias);
   auto a = at::empty({M, 2 * K2}, mat1.options().dtype(at::kShort));
   auto a_scale = at::empty({M}, mat1.options().dtype(at::kFloat));
   auto out = at::empty({M, N}, mat1.options());

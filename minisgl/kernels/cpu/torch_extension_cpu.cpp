@@ -30,6 +30,7 @@ int64_t weight_packed_block_n();
 at::Tensor argmax_cpu(const at::Tensor& logits);
 // gemm_int8.cpp: W8A8-int8
 at::Tensor convert_weight_packed_int8(const at::Tensor& weight);
+at::Tensor convert_weight_packed_int8_vnni(const at::Tensor& weight);  // gemm_int8_vnni.cpp
 std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);
 at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
                                      const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, bool is_vnni);
@@ -63,6 +64,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def("apply_token_bitmask_cpu(Tensor(a!) logits, Tensor bitmask) -> ()");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
   m.def("convert_weight_packed_int8(Tensor weight) -> Tensor");
+  m.def("convert_weight_packed_int8_vnni(Tensor weight) -> Tensor");
   m.def("per_token_quant_int8(Tensor x) -> (Tensor, Tensor)");
   m.def(
       "int8_scaled_mm_with_quant(Tensor mat1, Tensor mat2, Tensor scales2, Tensor? bias, ScalarType out_dtype,"
@@ -83,6 +85,7 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
   m.impl("convert_weight_packed_int8", &minisgl::convert_weight_packed_int8);
+  m.impl("convert_weight_packed_int8_vnni", &minisgl::convert_weight_packed_int8_vnni);
   m.impl("per_token_quant_int8", &minisgl::per_token_quant_int8);
   m.impl("int8_scaled_mm_with_quant", &minisgl::int8_scaled_mm_with_quant);
   m.impl("apply_token_bitmask_cpu", &minisgl::apply_token_bitmask_cpu);

@@ -4,7 +4,8 @@ Mirrors python/sglang/srt/layers/quantization/int8_kernel.py (per_token_quant_in
 CPU calls of w8a8_int8.py. Both scales are symmetric: q = round(x / s) with s = max|x| / 127, so
 zero stays exactly zero and no zero-point enters the integer sums. The sums are exact int32;
 the only rounding is in the quantization and the float32 epilogue. :func:`int8_scaled_mm_with_quant`
-runs minisgl's C++ kernel (kernels/cpu/gemm_int8.cpp) where it built, else the same arithmetic
+runs minisgl's C++ kernel (kernels/cpu/gemm_int8.cpp, and gemm_int8_vnni.cpp where the CPU has
+AVX512-VNNI) where it built, else the same arithmetic
 in PyTorch (torch._int_mm), which the kernel tests also use as their reference.
 """
 
@@ -15,6 +16,7 @@ from typing import Optional
 import torch
 
 from minisgl.kernels.cpu import is_available as cpu_kernels_available
+from minisgl.kernels.cpu.features import int8_gemm_engine
 
 
 def _symmetric_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,9 +40,14 @@ def use_int8_kernel(x: torch.Tensor) -> bool:
     return x.is_cpu and cpu_kernels_available()
 
 
-def pack_int8_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight as int8_scaled_mm_with_quant reads it: packed for the C++ kernel where it runs."""
-    return torch.ops.minisgl_kernel.convert_weight_packed_int8(weight) if use_int8_kernel(weight) else weight
+def pack_int8_weight(weight: torch.Tensor, engine: Optional[str] = None) -> torch.Tensor:
+    """The weight as int8_scaled_mm_with_quant reads it: packed for the C++ kernel where it runs,
+    in the layout of ``engine`` (default: the fastest this CPU has, features.int8_gemm_engine)."""
+    if not use_int8_kernel(weight):
+        return weight
+    if (engine or int8_gemm_engine()) == "avx512_vnni":
+        return torch.ops.minisgl_kernel.convert_weight_packed_int8_vnni(weight)
+    return torch.ops.minisgl_kernel.convert_weight_packed_int8(weight)
 
 
 def int8_scaled_mm_native(
