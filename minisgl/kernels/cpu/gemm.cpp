@@ -21,7 +21,6 @@
 // A 16-bit weight packed in the VNNI layout instead (4-D, from convert_weight_packed_vnni) goes to
 // the CPU's matrix engines, AMX or AVX512-BF16 (gemm_vnni.cpp). What SGLang's version has and this
 // one omits: int8/fp8 weights.
-#include <atomic>
 #include <optional>
 
 #include "common.h"
@@ -120,31 +119,6 @@ void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, i
   }
 }
 
-// Calls fn(m0, m1, nb0, nb1) for every unit of work, a CHUNK_M-row chunk of M by a run of panels,
-// on all threads at once, in one parallel region. Threads take units one at a time from a shared
-// counter instead of a fixed share each: on a shared machine (a cloud VM) one core often runs
-// slower than the other for a while, and with fixed shares (a parallel region per row chunk,
-// its panels halved) the faster thread waited for it at the end of every region: sampled with
-// perf over 30 layers' prefill GEMMs, libgomp's waiting took 10% of the time then and 6% now.
-// About 8 units per thread keeps the last wait to a fraction of a unit. A unit's panels are
-// consecutive, so within a unit each panel still prefetches the next (gemm_rows). Which thread
-// computes a unit never changes its result.
-template <typename Fn>
-void for_each_unit(int64_t M, int64_t NB, Fn&& fn) {
-  if (M == 0 || NB == 0) return;  // an empty batch: no units (and no division by zero chunks)
-  const int64_t chunks = (M + CHUNK_M - 1) / CHUNK_M, threads = at::get_num_threads();
-  const int64_t wanted = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));  // per chunk
-  const int64_t panels_per_unit = (NB + wanted - 1) / wanted;
-  const int64_t units_per_chunk = (NB + panels_per_unit - 1) / panels_per_unit, units = chunks * units_per_chunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
-    for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
-      const int64_t m0 = u / units_per_chunk * CHUNK_M, nb0 = u % units_per_chunk * panels_per_unit;
-      fn(m0, std::min(M, m0 + CHUNK_M), nb0, std::min(NB, nb0 + panels_per_unit));
-    }
-  });
-}
-
 // Calls fn.template operator()<w_t>() for the weight's dtype: float32, or the output's own 16-bit dtype.
 template <typename out_t, typename Fn>
 void with_weight_type(at::ScalarType weight, Fn&& fn) {
@@ -202,7 +176,7 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
     const out_t* bias_ptr = bias.has_value() ? bias->data_ptr<out_t>() : nullptr;
     with_weight_type<out_t>(mat2.scalar_type(), [&]<typename w_t>() {
       const w_t* B = static_cast<const w_t*>(mat2.data_ptr());
-      for_each_unit(M, NB, [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
+      for_each_unit(M, NB, CHUNK_M, [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
       });
     });

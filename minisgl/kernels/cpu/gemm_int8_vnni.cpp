@@ -204,18 +204,12 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
             quantize_row_u8(mat1.data_ptr<scalar_t>() + m * K, K, K4, a.data_ptr<uint8_t>() + m * K4 * 4);
       }
     });
-    // Units of CHUNK_M rows by a run of panel pairs, about 8 per thread, as gemm.cpp's for_each_unit.
-    const int64_t chunks = (M + CHUNK_M - 1) / CHUNK_M, pairs = (panels + 1) / 2;
-    const int64_t per_chunk = std::min(pairs, std::max<int64_t>(1, (8 * at::get_num_threads() + chunks - 1) / chunks));
-    const int64_t pairs_per_unit = (pairs + per_chunk - 1) / per_chunk, units_per_chunk = (pairs + pairs_per_unit - 1) / pairs_per_unit;
-    at::parallel_for(0, chunks * units_per_chunk, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t m0 = u / units_per_chunk * CHUNK_M, p0 = u % units_per_chunk * pairs_per_unit * 2;
-        gemm_chunk<scalar_t>(a.data_ptr<uint8_t>(), K4 * 4, a_scale.data_ptr<float>(), packed.data_ptr<int8_t>(),
-                             panel_bytes, K4, w_scale.data(), bias ? bias_f.data() : nullptr,
-                             out.data_ptr<scalar_t>(), N, m0, std::min(M, m0 + CHUNK_M), p0,
-                             std::min(panels, p0 + pairs_per_unit * 2));
-      }
+    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time).
+    const int64_t pairs = (panels + 1) / 2;
+    for_each_unit(M, pairs, CHUNK_M, [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {
+      gemm_chunk<scalar_t>(a.data_ptr<uint8_t>(), K4 * 4, a_scale.data_ptr<float>(), packed.data_ptr<int8_t>(),
+                           panel_bytes, K4, w_scale.data(), bias ? bias_f.data() : nullptr, out.data_ptr<scalar_t>(),
+                           N, m0, m1, 2 * pair0, std::min(panels, 2 * pair1));
     });
   });
   return out;
