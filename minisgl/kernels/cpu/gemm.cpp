@@ -38,6 +38,12 @@ constexpr int MAX_ROWS = VLEN == 16 ? 12 : 6;
 // still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
 // too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
+// Up to this many rows (a decode batch of a few requests) a call only streams its weights from DRAM,
+// and each thread takes one contiguous half of the panels instead of for_each_unit's small units:
+// one long stream per core keeps its hardware prefetcher running, where every unit started a new
+// one. Alternated with the units over SmolLM2's 120 float32 GEMMs at one row, weights from memory,
+// on an AVX-512 AMD EPYC: 4-18% less time in each of five comparisons (bf16 panels and 4 rows too).
+constexpr int64_t STREAM_ROWS = 4;
 
 // One k-step of a panel (BLOCK_N weights) as two float32 registers. A 16-bit half is widened as it
 // is loaded (vpmovzxwd + a shift for bf16, vcvtph2ps for fp16, both reading memory directly):
@@ -176,9 +182,14 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
     const out_t* bias_ptr = bias.has_value() ? bias->data_ptr<out_t>() : nullptr;
     with_weight_type<out_t>(mat2.scalar_type(), [&]<typename w_t>() {
       const w_t* B = static_cast<const w_t*>(mat2.data_ptr());
-      for_each_unit(M, NB, CHUNK_M, [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
+      const auto rows = [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
-      });
+      };
+      if (M <= STREAM_ROWS) {  // one contiguous run of panels per thread
+        at::parallel_for(0, NB, 1, [&](int64_t nb0, int64_t nb1) { rows(0, M, nb0, nb1); });
+      } else {
+        for_each_unit(M, NB, CHUNK_M, rows);
+      }
     });
   });
   return out;
