@@ -58,8 +58,12 @@ def test_gemm_matches_dequantize_then_matmul(weight_type, use_avx2, m, n, k):
 @pytest.mark.parametrize("use_avx2", PATHS)
 @pytest.mark.parametrize("weight_type", TYPES)
 # K = 1056 crosses no chunk here but 33 blocks; M = 5 and 6 leave 1 and 2 rows after a group of 4;
-# at M = 1 Q4 rows go in pairs, and N = 37 leaves one over (and splits oddly between threads).
-@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (1, 37, 576), (2, 9, 64), (3, 17, 1056), (5, 33, 96), (6, 4, 576)])
+# at M = 1 Q4 rows go in pairs, and N = 37 leaves one over (and splits oddly between threads); with
+# AVX512-VNNI blocks go in pairs too where a row has an even number of them (576 and 1536, not 32 or 1056).
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 7, 32), (1, 37, 576), (1, 50, 1536), (1, 3, 1056), (2, 9, 64), (3, 17, 1056), (5, 33, 96), (6, 4, 576)],
+)
 def test_vec_a8_gemm_matches_its_integer_arithmetic(weight_type, use_avx2, m, n, k):
     q, w = _weights(n, k, weight_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))

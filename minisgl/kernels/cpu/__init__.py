@@ -61,6 +61,7 @@ _SOURCES = [
     "gemm_int8_vnni.cpp",
     "gemm_gguf.cpp",
     "gemm_gguf_vec.cpp",
+    "gemm_gguf_vnni.cpp",
     "torch_extension_cpu.cpp",
 ]
 _HEADERS = ["common.h", "attention.h", "gguf_blocks.h"]

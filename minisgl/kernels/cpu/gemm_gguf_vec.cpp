@@ -22,7 +22,8 @@
 //
 // Each weight row is read once per call and met by RM (up to 4) activation rows at a time; a row is
 // a few hundred contiguous bytes, the next one right after it. At one activation row (a decode step
-// at batch 1) Q4 rows go two at a time instead, for two independent FMA chains.
+// at batch 1) Q4 rows go two at a time instead, for two independent FMA chains, and on a CPU with
+// AVX512-VNNI two blocks at a time as well (gemm_gguf_vnni.cpp).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -259,8 +260,19 @@ template <int64_t TYPE>
 void gemm_vec(const QuantizedRows& xq, int64_t M, int64_t K, const uint8_t* qweight, int64_t N, const float* bias,
               float* out, bool use_avx2) {
   const int64_t nb = K / QK, row_bytes = nb * block_bytes(TYPE);
+  // One row on a CPU with AVX512-VNNI: gemm_gguf_vnni.cpp, on the activations permuted once here.
+  const bool vnni = use_avx2 && M == 1 && gemv_pairs_vnni_runs(TYPE, nb);
+  std::vector<int8_t> xp(vnni ? K : 0);
+  if (vnni) permute_pairs(xq.q.data(), nb, xp.data());
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
+    if (vnni) {
+      const int64_t pairs_end = begin + (end - begin) / 2 * 2;
+      gemv_pairs_vnni(TYPE, qweight, row_bytes, xp.data(), xq.ds.data(), nb, begin, pairs_end, out);
+      for (; n < pairs_end; ++n) {
+        if (bias) out[n] += bias[n];
+      }
+    }
 #if defined(__x86_64__)
     if (use_avx2 && M == 1 && TYPE != GGML_Q8_0) {
       for (; n + 2 <= end; n += 2) {

@@ -8,6 +8,7 @@
 // where byte j of qs holds weight j in its low nibble and weight j + 16 in its high nibble.
 #pragma once
 
+#include <ATen/cpu/Utils.h>
 #include <c10/util/Half.h>
 
 #include <cstring>
@@ -78,6 +79,15 @@ at::Tensor run_op(const char* op, const at::Tensor& x, const at::Tensor& qweight
        out.data_ptr<float>(), use_avx2);
   return out.to(x.scalar_type());
 }
+
+// gemm_gguf_vnni.cpp: the one-row Q4_0 / Q4_1 dot products on AVX512-VNNI, two blocks per vpdpbusd.
+// Whether they run here for this type and this many blocks per row (an even number);
+bool gemv_pairs_vnni_runs(int64_t type, int64_t nb);
+// the one activation row's int8 blocks q, copied into the order the weights' nibbles unpack to;
+void permute_pairs(const int8_t* q, int64_t nb, int8_t* xp);
+// out[n] for the rows n in [n0, n1), two at a time (n1 - n0 even), ds the blocks' (dx, dx sx).
+void gemv_pairs_vnni(int64_t type, const uint8_t* qweight, int64_t row_bytes, const int8_t* xp, const float* ds,
+                     int64_t nb, int64_t n0, int64_t n1, float* out);
 
 #if defined(__x86_64__)
 // The sum of a vector's 8 floats.
