@@ -9,6 +9,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/cpu/Utils.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
@@ -131,6 +132,20 @@ inline void round_in_place(float* x, int64_t n) {
     }
     for (; i < n; ++i) x[i] = round_to<T>(x[i]);
   }
+}
+
+// Whether the CPU has `feature`, as ATen's cpuinfo names it (the table that
+// torch._C._cpu._get_cpu_capability() shows). Kernels that use an ISA beyond the build's carry it in a
+// target attribute and ask this first (gemm_vnni.cpp, gemm_int8_vnni.cpp, gemm_gguf_vnni.cpp).
+inline bool cpu_has(const char* feature) {
+  const auto caps = at::cpu::get_cpu_capabilities();
+  return caps.count(feature) && caps.at(feature).toBool();
+}
+
+// vpdpbusd on 512-bit registers, and the byte and 256-bit instructions the VNNI kernels use beside it.
+inline bool cpu_has_avx512_vnni() {
+  static const bool has = cpu_has("avx512_vnni") && cpu_has("avx512_bw") && cpu_has("avx512_vl");
+  return has;
 }
 
 // Calls fn(m0, m1, nb0, nb1) for every unit of work, a chunk_m-row chunk of M by a run of the NB

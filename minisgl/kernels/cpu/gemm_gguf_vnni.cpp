@@ -63,15 +63,7 @@ MINISGL_AVX512_VNNI_GGUF void row_pair(const uint8_t* row, int64_t row_bytes, co
 #endif
 
 bool gemv_pairs_vnni_runs(int64_t type, int64_t nb) {
-#if !defined(__x86_64__)
-  return false;
-#endif
-  static const bool has = [] {
-    const auto caps = at::cpu::get_cpu_capabilities();
-    const auto on = [&](const char* name) { return caps.count(name) && caps.at(name).toBool(); };
-    return on("avx512_vnni") && on("avx512_bw") && on("avx512_vl");
-  }();
-  return has && (type == GGML_Q4_0 || type == GGML_Q4_1) && nb % 2 == 0;
+  return cpu_has_avx512_vnni() && (type == GGML_Q4_0 || type == GGML_Q4_1) && nb % 2 == 0;
 }
 
 void permute_pairs(const int8_t* q, int64_t nb, int8_t* xp) {

@@ -14,7 +14,6 @@
 // zero-padded to multiples of 4 and 16. The functions carry their ISA in a target attribute (as
 // gemm_vnni.cpp does), so the file builds everywhere and runs only where the CPU has the feature.
 // What sgl-kernel has and this omits: the AMX-int8 (tdpbusd) path and the fused MoE kernel.
-#include <ATen/cpu/Utils.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -146,14 +145,6 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
 }
 
 }  // namespace
-
-bool cpu_has_avx512_vnni() {
-  static const bool has = [] {
-    const auto caps = at::cpu::get_cpu_capabilities();
-    return caps.count("avx512_vnni") && caps.at("avx512_vnni").toBool();
-  }();
-  return has;
-}
 
 // [N, K] int8 -> [ceil(N / 16), ceil(K / 4) + 1, 64] int8: pure layout and integer sums, any CPU.
 at::Tensor convert_weight_packed_int8_vnni(const at::Tensor& weight) {

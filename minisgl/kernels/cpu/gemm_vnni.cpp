@@ -44,11 +44,9 @@ struct Engines {
 // Asked once: the answer cannot change while the process runs.
 const Engines& engines() {
   static const Engines e = [] {
-    const auto caps = at::cpu::get_cpu_capabilities();
-    const auto has = [&](const char* name) { return caps.count(name) && caps.at(name).toBool(); };
     // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
-    const bool amx = has("amx_tile") && at::cpu::init_amx();
-    return Engines{has("avx512_bf16"), amx && has("amx_bf16"), amx && has("amx_fp16")};
+    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
+    return Engines{cpu_has("avx512_bf16"), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
   }();
   return e;
 }

@@ -8,7 +8,6 @@
 // where byte j of qs holds weight j in its low nibble and weight j + 16 in its high nibble.
 #pragma once
 
-#include <ATen/cpu/Utils.h>
 #include <c10/util/Half.h>
 
 #include <cstring>
