@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <vector>
 
 #include "common.h"
 
@@ -99,12 +98,15 @@ MINISGL_AVX512_VNNI void tile(const uint8_t* a, int64_t lda, const int8_t* panel
   }
 }
 
-// out[r][c] = float(sums[r][c] - comp[c]) * a_scale[r] * w_scale[c] + bias[c] for one panel's 16
-// columns (comp sits after the panel's K4 rows); the integer subtraction first, so it is exact.
+// out[r][c] = float(sums[r][c] - comp[c]) * a_scale[r] * w_scale[c] + bias[c] for one panel's `cols`
+// real columns of 16 (comp sits after the panel's K4 rows); the integer subtraction first, so it is
+// exact. The scales and the bias are read in place, masked to the real columns.
+template <typename scalar_t>
 MINISGL_AVX512_VNNI void epilogue(const int32_t* sums, int64_t rows, const int8_t* comp_row, const float* a_scale,
-                                  const float* w_scale, const float* bias, float* out) {
+                                  const float* w_scale, const scalar_t* bias, int64_t cols, float* out) {
+  const __mmask16 mask = cols >= PANEL_N ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __m512i comp = _mm512_loadu_si512(comp_row);
-  const __m512 ws = _mm512_loadu_ps(w_scale), b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale), b = bias ? load16(bias, mask) : _mm512_setzero_ps();
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * 2 * PANEL_N), comp));
     const __m512 y = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(a_scale[r])), ws);
@@ -116,7 +118,7 @@ MINISGL_AVX512_VNNI void epilogue(const int32_t* sums, int64_t rows, const int8_
 // output is 16-bit, and to padding columns never).
 template <typename out_t>
 void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_t* packed, int64_t panel_bytes,
-                int64_t K4, const float* w_scale, const float* bias, out_t* y, int64_t N, int64_t m0, int64_t m1,
+                int64_t K4, const float* w_scale, const out_t* bias, out_t* y, int64_t N, int64_t m0, int64_t m1,
                 int64_t p0, int64_t p1) {
   alignas(64) int32_t sums[TILE_ROWS * 2 * PANEL_N];
   alignas(64) float buf[TILE_ROWS * 2 * PANEL_N];
@@ -130,8 +132,9 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
                     : tile<R, 1>(a + m * lda, lda, panel, panel_bytes, K4, sums);
       });
       for (int64_t j = 0; j < panels; ++j) {
-        epilogue(sums + j * PANEL_N, rows, panel + j * panel_bytes + K4 * ROW_BYTES, a_scale + m,
-                 w_scale + n0 + j * PANEL_N, bias ? bias + n0 + j * PANEL_N : nullptr, buf + j * PANEL_N);
+        const int64_t nj = n0 + j * PANEL_N;
+        epilogue(sums + j * PANEL_N, rows, panel + j * panel_bytes + K4 * ROW_BYTES, a_scale + m, w_scale + nj,
+                 bias ? bias + nj : nullptr, N - nj, buf + j * PANEL_N);
       }
       for (int64_t r = 0; r < rows; ++r) {
         if constexpr (std::is_same_v<out_t, float>) {
@@ -177,17 +180,10 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
               "which this CPU lacks (pack it with convert_weight_packed_int8 instead)");
   const int64_t M = mat1.size(0), K = mat1.size(1), N = scales2.numel();
   const int64_t panels = packed.size(0), K4 = packed.size(1) - 1, panel_bytes = (K4 + 1) * ROW_BYTES;
-  // The epilogue reads 16 columns at a time: pad the per-column factors to whole panels.
-  std::vector<float> w_scale(panels * PANEL_N, 0.f), bias_f(bias ? panels * PANEL_N : 0, 0.f);
-  std::copy_n(scales2.data_ptr<float>(), N, w_scale.begin());
   auto a = at::empty({M, K4 * 4}, mat1.options().dtype(at::kByte));
   auto a_scale = at::empty({M}, mat1.options().dtype(at::kFloat));
   auto out = at::empty({M, N}, mat1.options());
   MINISGL_DISPATCH_FLOATING_TYPES(mat1.scalar_type(), "int8_scaled_mm_vnni", [&] {
-    if (bias) {
-      const scalar_t* b = bias->data_ptr<scalar_t>();
-      for (int64_t n = 0; n < N; ++n) bias_f[n] = static_cast<float>(b[n]);
-    }
     // A decode batch's few rows are quantized on this thread: a parallel region costs more than they do.
     at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
@@ -199,8 +195,8 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
     const int64_t pairs = (panels + 1) / 2;
     for_each_unit(M, pairs, CHUNK_M, [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {
       gemm_chunk<scalar_t>(a.data_ptr<uint8_t>(), K4 * 4, a_scale.data_ptr<float>(), packed.data_ptr<int8_t>(),
-                           panel_bytes, K4, w_scale.data(), bias ? bias_f.data() : nullptr, out.data_ptr<scalar_t>(),
-                           N, m0, m1, 2 * pair0, std::min(panels, 2 * pair1));
+                           panel_bytes, K4, scales2.data_ptr<float>(), bias ? bias->data_ptr<scalar_t>() : nullptr,
+                           out.data_ptr<scalar_t>(), N, m0, m1, 2 * pair0, std::min(panels, 2 * pair1));
     });
   });
   return out;
