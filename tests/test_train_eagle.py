@@ -1,5 +1,6 @@
 """minisgl.tools.train_eagle at tiny size: the checkpoint follows SGLang's EAGLE / EAGLE3 format,
-and training on a deterministic stream beats an untrained head on the tool's acceptance estimate."""
+training on a deterministic stream beats an untrained head on the tool's acceptance estimate,
+and the Engine's hidden states that EAGLE trains on are the target's, position by position."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
+from minisgl.tools.eagle_data import engine_features, generate, self_prompts, target_features
 from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.train_eagle import self_prompts, target_features, train
+from minisgl.tools.train_eagle import train
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +104,20 @@ def test_self_prompts_sample_the_users_turn_and_keep_finished_questions():
     assert self_prompts(engine, 5, seed=1) == ["What makes rain fall?", "How do tides work?"]
     assert engine.prompts == ["<|system|>hi<|end|><|user|>"] * 5
     assert len({p["seed"] for p in engine.params}) == 5 and all(p["temperature"] == 1.0 for p in engine.params)
+
+
+def test_engine_features_are_the_targets_final_hidden_states(tiny_target):
+    # EAGLE trains on the hidden states the Engine returned with its answers (bf16). Position j's
+    # must be transformers' final hidden state at j over the same tokens, prompt and answer alike;
+    # pairing a token with its neighbour's state (an off-by-one) must not pass.
+    sequences, features = generate(str(tiny_target), ["count to ten", "name a colour"], 0, seed=0, max_new_tokens=6)
+    data = engine_features(str(tiny_target), sequences, features)
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+    for row, (seq, prompt_len) in enumerate(sequences):
+        assert len(seq) == prompt_len + 6 and int(data["lengths"][row]) == len(seq) - 1 == len(features[row])
+        assert data["greedy"][row, : len(seq) - 1].tolist() == seq[1:]
+        with torch.no_grad():
+            reference = model.model(input_ids=torch.tensor([seq])).last_hidden_state[0, :-1]
+        got = data["final"][row, : len(seq) - 1]
+        assert F.cosine_similarity(got, reference, dim=-1).min() > 0.99
+        assert F.cosine_similarity(got[1:], reference[:-1], dim=-1).max() < 0.9
