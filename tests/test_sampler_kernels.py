@@ -92,3 +92,20 @@ def test_the_last_token_with_mass_bounds_a_draw(monkeypatch):
     # A uniform that rounds u * total up to total must not land on the zero tail after the cut.
     monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.ones(1))  # the largest draw, rounded up
     assert sample_per_request(torch.tensor([[0.7, 0.3, 0.0, 0.0]]), [torch.Generator()])[0] == 1
+
+
+def test_rows_with_and_without_a_cut_share_a_batch():
+    # A temperature-only row beside top-p and greedy rows: each draws what it draws alone.
+    torch.manual_seed(2)
+    vocab = 2000
+    probs = torch.softmax(torch.randn(4, vocab) * 3, dim=-1)
+    columns = dict(top_ks=torch.tensor([vocab, vocab, 1, 40]), top_ps=torch.tensor([1.0, 0.9, 1.0, 1.0]))
+    info = _info(4, vocab, **columns)
+    info.generators = [torch.Generator().manual_seed(i) for i in range(4)]
+    info.generators[2] = None  # the greedy row
+    batched = top_k_top_p_min_p_sample(probs, info)
+    for row in range(4):
+        alone = _info(1, vocab, **{name: column[row : row + 1] for name, column in columns.items()})
+        alone.generators = [None if row == 2 else torch.Generator().manual_seed(row)]
+        assert batched[row] == top_k_top_p_min_p_sample(probs[row : row + 1], alone)[0]
+    assert batched[2] == probs[2].argmax()

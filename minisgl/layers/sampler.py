@@ -46,7 +46,7 @@ class Sampler(nn.Module):
         return next_token_ids
 
 
-def top_k_top_p_min_p_candidates(probs: torch.Tensor, info) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_top_p_min_p_candidates(probs: torch.Tensor, top_ks, top_ps, min_ps) -> tuple[torch.Tensor, torch.Tensor]:
     """The head of each row of probs [bs, vocab], most likely first, with the tokens top-k /
     top-p / min-p drop set to 0: (probs [bs, k], token ids [bs, k]), not renormalized.
 
@@ -54,8 +54,8 @@ def top_k_top_p_min_p_candidates(probs: torch.Tensor, info) -> tuple[torch.Tenso
     256 rows of a 49,152-token vocabulary that took 427 ms on 2 cores. Each rule drops every
     token after the first one it drops, so a topk of k tokens is enough once every row drops
     its k-th: k starts at 64 and grows 4x until it is (a whole sort past vocab / 4), and the
-    tokens kept are those of a full sort. A row with no cut at all (temperature only) never
-    drops its k-th, so a batch mixing such rows with cut ones pays the whole sort, as before.
+    tokens kept are those of a full sort. A row with no cut never drops its k-th, so its
+    batch pays a whole sort: the sampler gives such rows their whole row instead.
     """
     vocab = probs.shape[-1]
     k = min(vocab, 64)
@@ -65,11 +65,11 @@ def top_k_top_p_min_p_candidates(probs: torch.Tensor, info) -> tuple[torch.Tenso
         else:
             sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
         rank = torch.arange(k, device=probs.device)
-        drop = rank[None, :] >= info.top_ks[:, None]
+        drop = rank[None, :] >= top_ks[:, None]
         # top-p keeps the smallest prefix whose mass reaches p: drop a token if the mass before it already does.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= mass_before > info.top_ps[:, None]
-        drop |= sorted_probs < sorted_probs[:, :1] * info.min_ps[:, None]
+        drop |= mass_before > top_ps[:, None]
+        drop |= sorted_probs < sorted_probs[:, :1] * min_ps[:, None]
         drop[:, 0] = False  # the most likely token always survives
         if k == vocab or bool(drop[:, -1].all()):
             return sorted_probs.masked_fill(drop, 0.0), sorted_idx
@@ -81,18 +81,24 @@ def top_k_top_p_min_p_renorm(probs: torch.Tensor, info) -> torch.Tensor:
     speculative verification compares draft and target distributions on)."""
     if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
         return probs
-    kept, ids = top_k_top_p_min_p_candidates(probs, info)
+    kept, ids = top_k_top_p_min_p_candidates(probs, info.top_ks, info.top_ps, info.min_ps)
     filtered = torch.zeros_like(probs).scatter_(-1, ids, kept)
     return filtered / filtered.sum(dim=-1, keepdim=True)
 
 
 def top_k_top_p_min_p_sample(probs: torch.Tensor, info) -> torch.Tensor:
-    """One token per row of probs [bs, vocab] after the row's top-k / top-p / min-p cut, drawn
-    among the cut's candidates alone (no renormalized [bs, vocab] copy is built)."""
-    if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
-        return sample_per_request(probs, info.generators)
-    kept, ids = top_k_top_p_min_p_candidates(probs, info)
-    return ids.gather(1, sample_per_request(kept, info.generators)[:, None])[:, 0]
+    """One token per row of probs [bs, vocab]: rows with a top-k / top-p / min-p cut (greedy
+    rows too, whose top_k is 1) draw among the cut's candidates alone; rows without one
+    draw from their whole row. No renormalized [bs, vocab] copy is built."""
+    cut = (info.top_ks < probs.shape[-1]) | (info.top_ps < 1) | (info.min_ps > 0)
+    out = sample_per_request(probs, [None if c else g for c, g in zip(cut.tolist(), info.generators)])
+    rows = torch.nonzero(cut).flatten()
+    if len(rows):
+        head = probs if len(rows) == len(probs) else probs[rows]  # no copy when every row is cut
+        kept, ids = top_k_top_p_min_p_candidates(head, info.top_ks[rows], info.top_ps[rows], info.min_ps[rows])
+        picked = sample_per_request(kept, [info.generators[i] for i in rows.tolist()])
+        out[rows] = ids.gather(1, picked[:, None])[:, 0]
+    return out
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
