@@ -91,13 +91,19 @@ def top_k_top_p_min_p_sample(probs: torch.Tensor, info) -> torch.Tensor:
     rows too, whose top_k is 1) draw among the cut's candidates alone; rows without one
     draw from their whole row. No renormalized [bs, vocab] copy is built."""
     cut = (info.top_ks < probs.shape[-1]) | (info.top_ps < 1) | (info.min_ps > 0)
-    out = sample_per_request(probs, [None if c else g for c, g in zip(cut.tolist(), info.generators)])
-    rows = torch.nonzero(cut).flatten()
+    out = torch.empty(len(probs), dtype=torch.int64, device=probs.device)
+
+    def rows_of(mask):  # the rows, their probabilities (no copy when it is all of them), their generators
+        rows = torch.nonzero(mask).flatten()
+        return rows, probs if len(rows) == len(probs) else probs[rows], [info.generators[i] for i in rows.tolist()]
+
+    rows, part, generators = rows_of(~cut)
     if len(rows):
-        head = probs if len(rows) == len(probs) else probs[rows]  # no copy when every row is cut
-        kept, ids = top_k_top_p_min_p_candidates(head, info.top_ks[rows], info.top_ps[rows], info.min_ps[rows])
-        picked = sample_per_request(kept, [info.generators[i] for i in rows.tolist()])
-        out[rows] = ids.gather(1, picked[:, None])[:, 0]
+        out[rows] = sample_per_request(part, generators)
+    rows, part, generators = rows_of(cut)
+    if len(rows):
+        kept, ids = top_k_top_p_min_p_candidates(part, info.top_ks[rows], info.top_ps[rows], info.min_ps[rows])
+        out[rows] = ids.gather(1, sample_per_request(kept, generators)[:, None])[:, 0]
     return out
 
 
