@@ -165,7 +165,8 @@ def test_rmsnorm_matches_forward_native(dtype):
     torch.testing.assert_close(out, ref_out, atol=TOLERANCE[dtype], rtol=0)
 
 
-@pytest.mark.parametrize("vocab", [1, 7, 8, 49152])  # shorter than a vector, one vector, many and a tail
+# shorter than a vector; one AVX2 vector; one AVX-512 vector; many; many and a tail (max_of's masked step)
+@pytest.mark.parametrize("vocab", [1, 7, 8, 16, 49152, 49157])
 def test_argmax_cpu_matches_torch_argmax(vocab):
     x = torch.randn(40, vocab)
     if vocab > 1:

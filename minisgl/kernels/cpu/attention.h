@@ -220,15 +220,17 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_
   }
 }
 
-// Vectors of a head per value tile, and query rows per tile: ROWS x kValueVecs accumulators
-// (12 of AVX2's 16 registers, 24 of AVX-512's 32) beside the rows' probabilities and one piece of v.
-constexpr int kValueVecs = 4;
-constexpr int kValueRows = kAccumulators / kValueVecs;
+// Vectors of a head per value tile, and query rows per tile: ROWS x kValueVecs accumulators beside
+// the tile's kValueVecs pieces of v and one broadcast probability: 20 + 4 + 1 of AVX-512's 32
+// registers, 10 + 2 + 1 of AVX2's 16. With 6 rows x 4 (29 of 32) GCC kept one accumulator on the
+// stack, and its store and reload each key bounded the loop: perf put 30% of the pass on that store.
+constexpr int kValueVecs = Vec::size() == 16 ? 4 : 2;
+constexpr int kValueRows = 5;
 
 // out[i * d + c] = sum_t p[i][t] * v_t[c] over keys [0, n), for ROWS query rows of one KV head and
 // the NV vectors of the head starting at v_piece: each piece of v_t is loaded (and widened) once for
-// all the rows. (One row at a time, as before, read every value row once per query row; with AVX2
-// a 64-wide head took all the accumulators.) Rows that see fewer keys have p = 0 past them.
+// all the rows, and each row's p[i][t] is broadcast once for all the pieces. (One row at a time, as
+// before, read every value row once per query row.) Rows that see fewer keys have p = 0 past them.
 template <int ROWS, int NV, typename scalar_t>
 inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_piece,
                        const int32_t* token_slots, float* out, int64_t d) {
@@ -238,11 +240,11 @@ inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, 
   }
   for (int64_t t = 0; t < n; ++t) {
     const scalar_t* v = v_piece + token_slots[t] * a.v_slot_stride;
-    Reg pt[ROWS];
-    for (int i = 0; i < ROWS; ++i) pt[i] = Vec(p[i * ld + t]);
-    for (int c = 0; c < NV; ++c) {
-      const Vec vt = load_float(v + c * Vec::size());
-      for (int i = 0; i < ROWS; ++i) acc[i][c] = at::vec::fmadd(Vec(pt[i]), vt, Vec(acc[i][c]));
+    Reg vt[NV];
+    for (int c = 0; c < NV; ++c) vt[c] = load_float(v + c * Vec::size());
+    for (int i = 0; i < ROWS; ++i) {
+      const Vec pt(p[i * ld + t]);
+      for (int c = 0; c < NV; ++c) acc[i][c] = at::vec::fmadd(pt, Vec(vt[c]), Vec(acc[i][c]));
     }
   }
   for (int i = 0; i < ROWS; ++i) {
@@ -324,8 +326,13 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       for (int64_t i = 0; i < n_rows; ++i) {
         const int64_t r = r0 + i, j = (r % rows_per_head) / a.group, g = r % a.group;
         scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
-        const float inv = sc.inv_sum[r];
-        for (int64_t c = 0; c < d; ++c) dst[c] = static_cast<scalar_t>(out[i * d + c] * inv);
+        const Vec inv(sc.inv_sum[r]);
+        for (int64_t c = 0; c < n_vec; ++c) (Vec::loadu(out + i * d + c * Vec::size()) * inv).store(out + i * d + c * Vec::size());
+        if constexpr (std::is_same_v<scalar_t, float>) {
+          std::copy_n(out + i * d, d, dst);
+        } else {
+          store_row(out + i * d, dst, d);  // rounds to the model dtype in vector registers
+        }
       }
     }
   }

@@ -193,6 +193,10 @@ inline float max_of(const float* x, int64_t n) {
       m3 = at::vec::maximum(m3, Vec::loadu(x + i + 3 * Vec::size()));
     }
     for (; i + Vec::size() <= n; i += Vec::size()) m0 = at::vec::maximum(m0, Vec::loadu(x + i));
+    if (i < n) {  // the tail in one masked step; the lanes past n keep m0's values
+      m0 = at::vec::maximum(m0, Vec::set(m0, Vec::loadu(x + i, n - i), n - i));
+      i = n;
+    }
     float lanes[Vec::size()];
     at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3)).store(lanes);
     for (float lane : lanes) m = fold(m, lane);
@@ -211,6 +215,14 @@ inline float exp_and_sum(float* x, int64_t n, float shift) {
     Vec e = (Vec::loadu(x + i) - vshift).exp_u20();
     e.store(x + i);
     vsum = vsum + e;
+  }
+  // The tail in one masked step rather than a scalar std::exp each: attention rows end anywhere,
+  // and that loop (a libm call per key) took about 5% of extend attention's time.
+  if (i < n) {
+    const Vec e = Vec::set(Vec(0.f), (Vec::loadu(x + i, n - i) - vshift).exp_u20(), n - i);
+    e.store(x + i, n - i);
+    vsum = vsum + e;
+    i = n;
   }
   float lanes[Vec::size()];
   vsum.store(lanes);

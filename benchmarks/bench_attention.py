@@ -1,0 +1,103 @@
+"""The C++ attention kernels alone, at SmolLM2-135M's shapes, against torch's SDPA on the same keys.
+
+    python benchmarks/bench_attention.py                     # float32 and bfloat16
+    python benchmarks/bench_attention.py --dtypes bfloat16 --rounds 50
+
+Extend: --requests prompts of --prompt-len new tokens each (no cached prefix), as a prefill chunk
+of bench_offline's workload holds them, through extend_attention_cpu (which also stores their
+K/V in the pool). Decode: --requests requests with --prompt-len cached tokens and one new query
+each, through decode_attention_cpu. The slots of a request are a random permutation of the pool's,
+as after many requests have come and gone, so no prefetcher is helped by a contiguous layout.
+The SDPA row is torch's scaled_dot_product_attention over the same keys already gathered into a
+contiguous [heads, tokens, dim] tensor per request: the work without the paged pool's indirection
+(the torch_native backend pays the gather besides). A row's time is its median call, for one
+layer; GFLOP/s counts 4 * d FLOPs per visible (query, key) pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.kernels.cpu import is_available
+
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
+
+
+def median_seconds(fn, rounds: int) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    assert is_available(), "the C++ kernels did not build"
+    ops = torch.ops.minisgl_kernel
+    b, n, d, group = args.requests, args.prompt_len, HEAD_DIM, HEADS // KV_HEADS
+    print(f"{torch.get_num_threads()} threads; {b} requests x {n} tokens, {HEADS} heads, {KV_HEADS} KV heads of {d}")
+    print(f"  {'dtype':9s} {'kernel':26s} {'ms/layer':>9s} {'GFLOP/s':>8s}")
+    for name in args.dtypes:
+        dtype = getattr(torch, name)
+        torch.manual_seed(0)
+        pool = b * (n + 1) + 1
+        k_buf, v_buf = torch.randn(pool, KV_HEADS, d).to(dtype), torch.randn(pool, KV_HEADS, d).to(dtype)
+        slots = (torch.randperm(pool - 1) + 1)[: b * (n + 1)].view(b, n + 1)  # slot 0 stays the dummy
+        req_to_token = slots.int().contiguous()
+        q = torch.randn(b * n, HEADS, d).to(dtype)
+        key, value = torch.randn(b * n, KV_HEADS, d).to(dtype), torch.randn(b * n, KV_HEADS, d).to(dtype)
+        o = torch.empty_like(q)
+        lens, rows = torch.full((b,), n), torch.arange(b)
+        loc = slots[:, :n].reshape(-1).contiguous()
+
+        def extend():
+            ops.extend_attention_cpu(
+                q, o, k_buf, v_buf, key, value, loc, req_to_token, rows, lens, lens, rows * n, d**-0.5
+            )
+
+        qs = q.view(b, n, HEADS, d).transpose(1, 2)
+        ks = key.view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
+        vs = value.view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
+        extend()
+        ref = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), is_causal=True)
+        err = (o.view(b, n, HEADS, d).transpose(1, 2).float() - ref).abs().max().item()
+        pairs = b * HEADS * n * (n + 1) / 2
+        results = {
+            "extend_attention_cpu": (median_seconds(extend, args.rounds), pairs),
+            "extend, SDPA (gathered)": (
+                median_seconds(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True), args.rounds),
+                pairs,
+            ),
+        }
+        q1, o1 = torch.randn(b, HEADS, d).to(dtype), torch.empty(b, HEADS, d, dtype=dtype)
+        key1, value1 = torch.randn(b, KV_HEADS, d).to(dtype), torch.randn(b, KV_HEADS, d).to(dtype)
+        loc1, lens1 = slots[:, n].contiguous(), torch.full((b,), n + 1)
+        results["decode_attention_cpu"] = (
+            median_seconds(
+                lambda: ops.decode_attention_cpu(
+                    q1, o1, k_buf, v_buf, key1, value1, loc1, req_to_token, rows, lens1, d**-0.5
+                ),
+                args.rounds,
+            ),
+            b * HEADS * (n + 1),
+        )
+        for kernel, (secs, pairs) in results.items():
+            print(f"  {name:9s} {kernel:26s} {1e3 * secs:9.3f} {4 * d * pairs / secs / 1e9:8.1f}")
+        print(f"  {name:9s} extend vs SDPA in float32: max |difference| {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()
