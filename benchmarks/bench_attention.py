@@ -2,6 +2,7 @@
 
     python benchmarks/bench_attention.py                     # float32 and bfloat16
     python benchmarks/bench_attention.py --dtypes bfloat16 --rounds 50
+    python benchmarks/bench_attention.py --dtypes float32 --kv-cache-dtype bfloat16 --requests 64 --prompt-len 200
 
 Extend: --requests prompts of --prompt-len new tokens each (no cached prefix), as a prefill chunk
 of bench_offline's workload holds them, through extend_attention_cpu (which also stores their
@@ -44,17 +45,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the pool's dtype (auto: each row's own)")
     args = parser.parse_args()
     assert is_available(), "the C++ kernels did not build"
     ops = torch.ops.minisgl_kernel
     b, n, d, group = args.requests, args.prompt_len, HEAD_DIM, HEADS // KV_HEADS
-    print(f"{torch.get_num_threads()} threads; {b} requests x {n} tokens, {HEADS} heads, {KV_HEADS} KV heads of {d}")
+    print(
+        f"{torch.get_num_threads()} threads; {b} requests x {n} tokens, {HEADS} heads, {KV_HEADS} KV heads of {d}; "
+        f"KV pool dtype {args.kv_cache_dtype}"
+    )
     print(f"  {'dtype':9s} {'kernel':26s} {'ms/layer':>9s} {'GFLOP/s':>8s}")
     for name in args.dtypes:
         dtype = getattr(torch, name)
         torch.manual_seed(0)
         pool = b * (n + 1) + 1
-        k_buf, v_buf = torch.randn(pool, KV_HEADS, d).to(dtype), torch.randn(pool, KV_HEADS, d).to(dtype)
+        kv_dtype = dtype if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype)
+        k_buf, v_buf = torch.randn(pool, KV_HEADS, d).to(kv_dtype), torch.randn(pool, KV_HEADS, d).to(kv_dtype)
         slots = (torch.randperm(pool - 1) + 1)[: b * (n + 1)].view(b, n + 1)  # slot 0 stays the dummy
         req_to_token = slots.int().contiguous()
         q = torch.randn(b * n, HEADS, d).to(dtype)

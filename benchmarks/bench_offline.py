@@ -2,6 +2,7 @@
 
     python benchmarks/bench_offline.py                        # float32 and bfloat16, every peer
     python benchmarks/bench_offline.py --dtypes float32 --num-requests 16 --hf-one-at-a-time 4   # quicker
+    python benchmarks/bench_offline.py --dtypes float32 --kv-cache-dtype bfloat16   # + a bf16 KV pool row
 
 Workload (benchmarks/workload.py, fixed by --seed): prompts of random token ids with lengths in
 [--min-input, --max-input], outputs of [--min-output, --max-output] tokens, greedy, EOS ignored,
@@ -58,10 +59,11 @@ from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def engine_cmd(engine: str, dtype: str, args, threads: int) -> list[str]:
+def engine_cmd(engine: str, dtype: str, args, threads: int, kv_cache_dtype: str = "auto") -> list[str]:
     """The command that runs one engine of this benchmark in its own process (``--engine``), on
     the workload and settings in ``args`` (this script's, or bench_serving.py's: same names)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--engine", engine, "--dtype", dtype]
+    cmd += ["--kv-cache-dtype", kv_cache_dtype]
     cmd += ["--model-path", args.model_path, "--threads", str(threads)]
     for name in ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed", "max_total_tokens"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -173,6 +175,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="runs of minisgl, vLLM and llama.cpp each, in turn")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="also run minisgl with this KV pool dtype (SGLang's flag, e.g. bfloat16), in the same rounds",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -220,6 +227,10 @@ def main() -> None:
         probe_before = best_gemm_rate(config, dtype)
         bandwidth_before = read_bandwidth(1 << 30)
         contenders = {"minisgl": lambda: run_in_subprocess(own("minisgl", dtype))}  # run in rounds
+        kv = args.kv_cache_dtype.replace("bf16", "bfloat16")
+        if kv not in ("auto", dtype):
+            cmd = engine_cmd("minisgl", dtype, args, threads, kv)
+            contenders[f"minisgl, KV {kv}"] = lambda: run_in_subprocess(cmd)
         if Path(args.vllm_python).exists():
             cmd = [
                 args.vllm_python,

@@ -15,11 +15,11 @@ from peer_llama_cpp import peak_rss_mb
 from workload import make_workload
 
 
-def run_minisgl(path, workload, dtype, max_total_tokens):
+def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto"):
     from minisgl.entrypoints.engine import Engine
 
     start = time.perf_counter()
-    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens)
+    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens, kv_cache_dtype=kv_cache_dtype)
     engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # first token: startup ends here
     startup = time.perf_counter() - start
     prompts = [p for p, _ in workload]
@@ -135,7 +135,7 @@ def worker_main(args, workload_kwargs) -> None:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     workload = make_workload(**workload_kwargs)
     if args.engine == "minisgl":
-        out = run_minisgl(args.model_path, workload, args.dtype, args.max_total_tokens)
+        out = run_minisgl(args.model_path, workload, args.dtype, args.max_total_tokens, args.kv_cache_dtype)
     elif args.engine == "hf-one":
         out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
     else:

@@ -52,6 +52,10 @@ class ServerArgs:
     mem_fraction_static: Optional[float] = None
     max_total_tokens: Optional[int] = None
     page_size: int = 1
+    # The KV pool's dtype, as SGLang spells it: "auto" (the model's) or "bf16"/"bfloat16", which halves
+    # a float32 model's KV memory and the bytes decode attention reads per token. SGLang's fp8 and
+    # fp4 pools need GPU kernels minisgl does not have, and are refused.
+    kv_cache_dtype: str = "auto"
 
     # Scheduling
     max_running_requests: int = 256
@@ -300,6 +304,13 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
+        if self.kv_cache_dtype == "bf16":
+            self.kv_cache_dtype = "bfloat16"  # SGLang's alias
+        if self.kv_cache_dtype not in ("auto", "bfloat16"):
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: minisgl's KV pool holds the model's "
+                "dtype ('auto') or 'bf16'/'bfloat16'; SGLang's fp8_e5m2, fp8_e4m3 and fp4_e2m1 are not implemented"
+            )
         if self.enable_torch_compile and (self.device != "cpu" or self.attention_backend != "intel_amx"):
             raise ValueError(
                 "enable_torch_compile needs device 'cpu' and attention_backend 'intel_amx' (CPUGraphRunner)"

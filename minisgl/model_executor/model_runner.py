@@ -160,16 +160,21 @@ class ModelRunner:
     def load_model(self) -> None:
         self.model = get_model(self.model_config, self.device, self.draft_model_idx)
         self.dtype = self.model_config.dtype
+        # SGLang's configure_kv_cache_dtype, minus fp8/fp4 (ServerArgs refuses them): "auto" keeps
+        # the model's dtype; bfloat16 halves a float32 model's KV and what decode attention reads.
+        self.kv_cache_dtype = self.dtype if self.server_args.kv_cache_dtype == "auto" else torch.bfloat16
 
     def profile_max_num_token(self) -> int:
         """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""
         mc = self.model_config
         if self.use_mla_backend:
             # One latent + one rope key per token and layer, whole on every rank (heads are expanded from it).
-            cell_size = (mc.kv_lora_rank + mc.qk_rope_head_dim) * self.num_effective_layers * self.dtype.itemsize
+            cell_size = (
+                (mc.kv_lora_rank + mc.qk_rope_head_dim) * self.num_effective_layers * self.kv_cache_dtype.itemsize
+            )
         else:
             kv_heads = mc.get_num_kv_heads(self.tp_size)
-            cell_size = kv_heads * mc.head_dim * self.num_effective_layers * 2 * self.dtype.itemsize
+            cell_size = kv_heads * mc.head_dim * self.num_effective_layers * 2 * self.kv_cache_dtype.itemsize
         if self.device.startswith("cuda"):
             available, _ = torch.cuda.mem_get_info()
         else:
@@ -202,7 +207,7 @@ class ModelRunner:
             self.token_to_kv_pool = MLATokenToKVPool(
                 size=self.max_total_num_tokens,
                 page_size=self.page_size,
-                dtype=self.dtype,
+                dtype=self.kv_cache_dtype,
                 kv_lora_rank=self.model_config.kv_lora_rank,
                 qk_rope_head_dim=self.model_config.qk_rope_head_dim,
                 layer_num=self.num_effective_layers,
@@ -213,7 +218,7 @@ class ModelRunner:
             self.token_to_kv_pool = MHATokenToKVPool(
                 size=self.max_total_num_tokens,
                 page_size=self.page_size,
-                dtype=self.dtype,
+                dtype=self.kv_cache_dtype,
                 head_num=self.model_config.get_num_kv_heads(self.tp_size),
                 head_dim=self.model_config.head_dim,
                 layer_num=self.num_effective_layers,

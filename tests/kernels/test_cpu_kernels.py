@@ -23,8 +23,9 @@ ops = torch.ops.minisgl_kernel
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed):
-    """Requests with random pool slots (scattered, as with page_size 1) and KV already stored."""
+def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed, kv_dtype=None):
+    """Requests with random pool slots (scattered, as with page_size 1) and KV already stored;
+    the pool holds kv_dtype (--kv-cache-dtype), the model's dtype by default."""
     g = torch.Generator().manual_seed(seed)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
     pool = sum(seq_lens) * 2 + 8
@@ -41,8 +42,8 @@ def make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim,
     q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     return dict(
         q=q,
-        k_buffer=randn(pool, num_kv_heads, head_dim),
-        v_buffer=randn(pool, num_kv_heads, head_dim),
+        k_buffer=randn(pool, num_kv_heads, head_dim).to(kv_dtype or dtype),
+        v_buffer=randn(pool, num_kv_heads, head_dim).to(kv_dtype or dtype),
         req_to_token=req_to_token,
         req_pool_indices=req_pool_indices.long(),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
@@ -75,13 +76,23 @@ def reference_attention(c, scale):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# (model dtype, pool dtype): the pool holds the model's dtype, or bfloat16 (--kv-cache-dtype bf16).
+# With a bfloat16 pool the reference reads the same rounded K/V, so a float32 query keeps float32's tolerance.
+DTYPE_PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS)
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4), (8, 1)])
 @pytest.mark.parametrize("head_dim", [64, 128, 32])
-def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim):
+def test_decode_attention_matches_sdpa(dtype, kv_dtype, num_heads, num_kv_heads, head_dim):
     seq_lens = [1, 7, 64, 200, 33]
     c = make_paged_case(
-        [n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, seed=0
+        [n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, 0, kv_dtype
     )
     key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype, head_dim)
     o = torch.empty(len(seq_lens), num_heads, head_dim, dtype=dtype)
@@ -98,16 +109,17 @@ def test_decode_attention_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim)
         c["seq_lens"],
         0.125,
     )
-    assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
+    # stored rounded to the pool's dtype exactly as torch's cast rounds (to nearest even)
+    assert torch.equal(c["k_buffer"][loc], key.to(kv_dtype)) and torch.equal(c["v_buffer"][loc], value.to(kv_dtype))
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS)
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0, 0], [1, 45, 100]), ([0, 17, 64], [70, 3, 33])])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4)])
 @pytest.mark.parametrize("head_dim", [64, 128, 32])  # 32: the kernels' generic (runtime) head-dim path
-def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim):
-    c = make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, seed=1)
+def test_extend_attention_matches_sdpa(dtype, kv_dtype, prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim):
+    c = make_paged_case(prefix_lens, extend_lens, num_heads, num_kv_heads, head_dim, dtype, 1, kv_dtype)
     key, value, loc = new_kv(c, extend_lens, num_kv_heads, dtype, head_dim)
     o = torch.empty(sum(extend_lens), num_heads, head_dim, dtype=dtype)
     ops.extend_attention_cpu(
@@ -125,20 +137,23 @@ def test_extend_attention_matches_sdpa(dtype, prefix_lens, extend_lens, num_head
         c["extend_start_loc"],
         0.125,
     )
-    assert torch.equal(c["k_buffer"][loc], key) and torch.equal(c["v_buffer"][loc], value)
+    # stored rounded to the pool's dtype exactly as torch's cast rounds (to nearest even)
+    assert torch.equal(c["k_buffer"][loc], key.to(kv_dtype)) and torch.equal(c["v_buffer"][loc], value.to(kv_dtype))
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-def test_attention_rejects_a_pool_of_another_dtype():
+@pytest.mark.parametrize("k_dtype,v_dtype", [(torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
+def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
+    """A float32 model's pool may hold float32 or bfloat16, K and V alike; nothing else."""
     c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
     key, value, loc = new_kv(c, [1], 4, torch.float32)
     o = torch.empty(1, 4, 64)
-    with pytest.raises(RuntimeError, match="model dtype"):
+    with pytest.raises(RuntimeError, match="model dtype or bfloat16"):
         ops.extend_attention_cpu(
             c["q"],
             o,
-            c["k_buffer"].bfloat16(),
-            c["v_buffer"],
+            c["k_buffer"].to(k_dtype),
+            c["v_buffer"].to(v_dtype),
             key,
             value,
             loc,

@@ -106,6 +106,15 @@ def test_decode_attention(seq_lens, num_heads, num_kv_heads, head_dim, page_size
     torch.testing.assert_close(run_decode(case).float(), decode_ref(case), atol=tol, rtol=tol)
 
 
+def test_decode_attention_reads_a_bfloat16_pool_under_a_float32_query():
+    """--kv-cache-dtype bf16: K/V are upcast to float32 before tl.dot, so against the reference on
+    the same rounded K/V the result keeps float32's tolerance."""
+    case = make_decode_case([37, 1, 90], 9, 3, 64, 1, torch.float32, torch.int64, max_kv_splits=4, seed=3)
+    case["k_buffer"], case["v_buffer"] = case["k_buffer"].bfloat16(), case["v_buffer"].bfloat16()
+    tol = TOLERANCE[torch.float32]
+    torch.testing.assert_close(run_decode(case), decode_ref(case), atol=tol, rtol=tol)
+
+
 def test_decode_attention_logit_cap():
     case = make_decode_case([40, 7], 6, 2, 64, 1, torch.float32, torch.int64, max_kv_splits=3, seed=7)
     case["q"] *= 8  # large logits, so the cap actually bends them

@@ -7,7 +7,7 @@
 // block: the query heads that share a KV head (GQA) and the block's query tokens.
 #pragma once
 
-#include "common.h"
+#include "attention_args.h"
 
 #include <ATen/cpu/vec/functional.h>
 
@@ -16,16 +16,6 @@
 #include <vector>
 
 namespace minisgl {
-
-struct PagedAttentionArgs {
-  int64_t head_dim, v_head_dim, num_kv_heads, group;  // group = query heads per KV head
-  int64_t q_token_stride, q_head_stride;              // q may be a strided view of the QKV output
-  int64_t k_slot_stride, v_slot_stride;               // the pool: [slots, kv_heads, dim]
-  float scale;
-};
-
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kMaxHeadDim = 256;
 
 // Asks for every cache line of [p, p + bytes). Decode reads K/V rows from slots scattered over the
 // pool (a request's generated tokens are interleaved with its batch-mates'), which the hardware
@@ -109,8 +99,8 @@ constexpr int kKeyRows = kAccumulators / kTileKeys;
 // scores[i * ld + j] = q_i . k_j for ROWS query rows and 4 keys: each piece of a key is loaded (and
 // widened) once for all the rows, and the 4 x ROWS dot products are independent chains of FMAs
 // (one per (row, key) was a chain of dependent FMAs and a cross-lane sum for every score).
-template <int ROWS, int kDim, typename scalar_t>
-inline void score_keys(const float* q, int64_t d, const scalar_t* const* keys, float* scores, int64_t ld) {
+template <int ROWS, int kDim, typename kv_t>
+inline void score_keys(const float* q, int64_t d, const kv_t* const* keys, float* scores, int64_t ld) {
   Reg acc[ROWS][kTileKeys];
   for (int i = 0; i < ROWS; ++i) {
     for (int j = 0; j < kTileKeys; ++j) acc[i][j] = Vec(0.f);
@@ -130,20 +120,20 @@ inline void score_keys(const float* q, int64_t d, const scalar_t* const* keys, f
 // scores[r][t] = q_r . k_t, four keys at a time. Every row gets a score for every key; the
 // softmax ignores those past a row's visible keys. Entries up to ld may be written (ld is a
 // multiple of kTileKeys).
-template <int kDim, typename scalar_t>
-void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const scalar_t* v_buf,
+template <int kDim, typename kv_t>
+void scores_by_key(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const kv_t* v_buf,
                    const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
                    int64_t kv_len, int64_t ld) {
   const int64_t d = kDim ? kDim : a.head_dim;
   for (int64_t t0 = 0; t0 < kv_len; t0 += kTileKeys) {
     // This item's K and (for pass 3) V heads of the keys 8 ahead.
     for (int64_t t = t0 + 8; t < std::min(t0 + 8 + kTileKeys, kv_len); ++t) {
-      prefetch_bytes(k_buf + token_slots[t] * a.k_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
-      prefetch_bytes(v_buf + token_slots[t] * a.v_slot_stride + head_begin * d, heads * d * sizeof(scalar_t));
+      prefetch_bytes(k_buf + token_slots[t] * a.k_slot_stride + head_begin * d, heads * d * sizeof(kv_t));
+      prefetch_bytes(v_buf + token_slots[t] * a.v_slot_stride + head_begin * d, heads * d * sizeof(kv_t));
     }
     const int64_t n = std::min<int64_t>(kTileKeys, kv_len - t0);
     for (int64_t h = 0; h < heads; ++h) {
-      const scalar_t* keys[kTileKeys];  // past the last key, the last key again (its scores are never read)
+      const kv_t* keys[kTileKeys];  // past the last key, the last key again (its scores are never read)
       for (int64_t j = 0; j < kTileKeys; ++j) {
         keys[j] = k_buf + token_slots[t0 + std::min(j, n - 1)] * a.k_slot_stride + (head_begin + h) * d;
       }
@@ -183,8 +173,8 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
-template <int kDim, typename scalar_t>
-void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_buf, const int32_t* token_slots,
+template <int kDim, typename kv_t>
+void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
                     int64_t start, const KeyReuse& who) {
   const int64_t d = kDim ? kDim : a.head_dim;
@@ -201,7 +191,7 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const scalar_t* k_
       if (t0 + n > sc.kt_keys) {  // a block not transposed yet, or only in part
         for (int64_t t = 0; t < kKeyBlock; ++t) {
           if (t < n) {
-            const scalar_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
+            const kv_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
             for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
           } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
             for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
@@ -231,15 +221,15 @@ constexpr int kValueRows = 5;
 // the NV vectors of the head starting at v_piece: each piece of v_t is loaded (and widened) once for
 // all the rows, and each row's p[i][t] is broadcast once for all the pieces. (One row at a time, as
 // before, read every value row once per query row.) Rows that see fewer keys have p = 0 past them.
-template <int ROWS, int NV, typename scalar_t>
-inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_piece,
+template <int ROWS, int NV, typename kv_t>
+inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const kv_t* v_piece,
                        const int32_t* token_slots, float* out, int64_t d) {
   Reg acc[ROWS][NV];
   for (int i = 0; i < ROWS; ++i) {
     for (int c = 0; c < NV; ++c) acc[i][c] = Vec(0.f);
   }
   for (int64_t t = 0; t < n; ++t) {
-    const scalar_t* v = v_piece + token_slots[t] * a.v_slot_stride;
+    const kv_t* v = v_piece + token_slots[t] * a.v_slot_stride;
     Reg vt[NV];
     for (int c = 0; c < NV; ++c) vt[c] = load_float(v + c * Vec::size());
     for (int i = 0; i < ROWS; ++i) {
@@ -254,8 +244,8 @@ inline void value_tile(const PagedAttentionArgs& a, const float* p, int64_t ld, 
 
 // value_tile over the whole head, kValueVecs vectors at a time: with a head dim known at compile
 // time that is a multiple of them (64 and 128 at either width), only NV = kValueVecs is built.
-template <int ROWS, int kDim, typename scalar_t>
-inline void value_rows(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const scalar_t* v_head,
+template <int ROWS, int kDim, typename kv_t>
+inline void value_rows(const PagedAttentionArgs& a, const float* p, int64_t ld, int64_t n, const kv_t* v_head,
                        const int32_t* token_slots, float* out) {
   const int64_t d = kDim ? kDim : a.head_dim;
   for (int64_t c = 0; c < d; c += kValueVecs * Vec::size()) {
@@ -275,9 +265,9 @@ inline void value_rows(const PagedAttentionArgs& a, const float* p, int64_t ld, 
 // count * group * (head_end - head_begin) rows and prefix + first + count keys.
 // kDim is the head dim when it is a compile-time constant (64, 128: loops over a row unroll
 // into a few vector instructions), 0 otherwise; either way a multiple of Vec::size().
-template <int kDim, typename scalar_t>
+template <int kDim, typename scalar_t, typename kv_t>
 void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
-                  const scalar_t* k_buf, const scalar_t* v_buf, const int32_t* token_slots, int64_t head_begin,
+                  const kv_t* k_buf, const kv_t* v_buf, const int32_t* token_slots, int64_t head_begin,
                   int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc,
                   const KeyReuse& who = {}) {
   const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
@@ -301,10 +291,10 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never used).
   const int64_t ld = round_up(kv_len, kKeyBlock);
   if (rows_per_head >= kScoreRows) {
-    scores_by_tile<kDim, scalar_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
+    scores_by_tile<kDim, kv_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
                                    prefix + first, who);
   } else {
-    scores_by_key<kDim, scalar_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
+    scores_by_key<kDim, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
   }
   // 2. softmax over each row's visible keys (the division is deferred to the output); p = 0 past them,
   // for the value tiles that run to their last row's keys.
@@ -336,90 +326,6 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       }
     }
   }
-}
-
-// Copies new token i's K/V heads [head_begin, head_end) from key/value ([tokens, kv_heads, dim],
-// possibly strided views of the QKV output) into the pool at slot loc[i].
-template <typename scalar_t>
-inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const at::Tensor& value, int64_t i,
-                     int64_t slot, int64_t head_begin, int64_t head_end, scalar_t* k_buf, scalar_t* v_buf) {
-  for (int64_t h = head_begin; h < head_end; ++h) {
-    std::copy_n(key.data_ptr<scalar_t>() + i * key.stride(0) + h * key.stride(1), a.head_dim,
-                k_buf + slot * a.k_slot_stride + h * a.head_dim);
-    std::copy_n(value.data_ptr<scalar_t>() + i * value.stride(0) + h * value.stride(1), a.v_head_dim,
-                v_buf + slot * a.v_slot_stride + h * a.v_head_dim);
-  }
-}
-
-// Checks the new tokens' key/value ([tokens, kv_heads, dim]) and their slots against the pool.
-inline void check_new_kv(const PagedAttentionArgs& a, const at::Tensor& q, const at::Tensor& key,
-                         const at::Tensor& value, const at::Tensor& loc) {
-  CHECK_CPU(key);
-  CHECK_CPU(value);
-  CHECK_LAST_DIM_CONTIGUOUS(key);
-  CHECK_LAST_DIM_CONTIGUOUS(value);
-  CHECK_INPUT(loc);
-  const int64_t n = q.size(0);
-  TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) == n && value.size(0) == n && loc.numel() == n &&
-                  key.size(1) == a.num_kv_heads && value.size(1) == a.num_kv_heads && key.size(2) == a.head_dim &&
-                  value.size(2) == a.v_head_dim,
-              "attention: key/value must be [tokens, kv_heads, dim] with one loc per query token");
-  TORCH_CHECK(key.scalar_type() == q.scalar_type() && value.scalar_type() == q.scalar_type() &&
-                  loc.scalar_type() == at::kLong,
-              "attention: key/value must be the model dtype and loc int64");
-}
-
-// Calls fn.template operator()<kDim>() with the head dim as a compile-time constant where it is
-// a common one, 0 otherwise.
-template <typename Fn>
-void dispatch_head_dim(const PagedAttentionArgs& a, Fn&& fn) {
-  if (a.head_dim == 64) {
-    fn.template operator()<64>();
-  } else if (a.head_dim == 128) {
-    fn.template operator()<128>();
-  } else {
-    fn.template operator()<0>();
-  }
-}
-
-// Checks shared by both entry points; returns the arguments of attend_block.
-inline PagedAttentionArgs check_paged_attention(const at::Tensor& q, const at::Tensor& o, const at::Tensor& k_buffer,
-                                                const at::Tensor& v_buffer, const at::Tensor& req_to_token,
-                                                const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                                                double scale) {
-  CHECK_CPU(q);
-  CHECK_LAST_DIM_CONTIGUOUS(q);
-  CHECK_INPUT(o);
-  CHECK_INPUT(k_buffer);
-  CHECK_INPUT(v_buffer);
-  CHECK_INPUT(req_to_token);
-  CHECK_INPUT(req_pool_indices);
-  CHECK_INPUT(seq_lens);
-  TORCH_CHECK(q.dim() == 3 && o.dim() == 3 && k_buffer.dim() == 3 && v_buffer.dim() == 3,
-              "attention: q, o [tokens, heads, dim] and the pool [slots, kv_heads, dim]");
-  TORCH_CHECK(req_to_token.scalar_type() == at::kInt, "attention: req_to_token must be int32");
-  TORCH_CHECK(req_pool_indices.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
-              "attention: req_pool_indices and seq_lens must be int64");
-  TORCH_CHECK(q.scalar_type() == o.scalar_type(), "attention: q and o dtypes differ");
-  TORCH_CHECK(k_buffer.scalar_type() == q.scalar_type() && v_buffer.scalar_type() == q.scalar_type(),
-              "attention: the KV pool must hold the model dtype");
-  const int64_t heads = q.size(1), kv_heads = k_buffer.size(1);
-  TORCH_CHECK(heads % kv_heads == 0, "attention: query heads must be a multiple of KV heads");
-  PagedAttentionArgs a;
-  a.head_dim = q.size(2);
-  a.v_head_dim = v_buffer.size(2);
-  a.num_kv_heads = kv_heads;
-  a.group = heads / kv_heads;
-  a.q_token_stride = q.stride(0);
-  a.q_head_stride = q.stride(1);
-  a.k_slot_stride = kv_heads * a.head_dim;
-  a.v_slot_stride = kv_heads * a.v_head_dim;
-  a.scale = static_cast<float>(scale);
-  TORCH_CHECK(k_buffer.size(2) == a.head_dim && o.size(2) == a.v_head_dim, "attention: head dims differ");
-  TORCH_CHECK(a.v_head_dim == a.head_dim && a.head_dim % Vec::size() == 0 && a.head_dim <= kMaxHeadDim,
-              "attention: the kernels need equal Q/K and V head dims, a multiple of ", Vec::size(), " up to ",
-              kMaxHeadDim);
-  return a;
 }
 
 }  // namespace minisgl

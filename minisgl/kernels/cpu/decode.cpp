@@ -29,18 +29,20 @@ void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decode_attention_cpu", [&] {
     const int64_t* req_idx = req_pool_indices.data_ptr<int64_t>();
     const int64_t* slots = loc.data_ptr<int64_t>();
-    dispatch_head_dim(a, [&]<int kDim>() {
-      at::parallel_for(0, bs * items_per_req, 1, [&](int64_t begin, int64_t end) {
-        Scratch& scratch = Scratch::for_this_thread(heads_per_item * a.group, a.head_dim, max_len);
-        for (int64_t item = begin; item < end; ++item) {
-          const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
-          store_kv(a, key, value, b, slots[b], head, head + heads_per_item, k_buffer.data_ptr<scalar_t>(),
-                   v_buffer.data_ptr<scalar_t>());
-          attend_block<kDim>(a, q.data_ptr<scalar_t>() + b * q.stride(0), o.data_ptr<scalar_t>() + b * o.stride(0),
-                             o.stride(0), k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
-                             req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + heads_per_item,
-                             /*prefix=*/lens[b] - 1, /*first=*/0, /*count=*/1, scratch);
-        }
+    dispatch_kv_dtype<scalar_t>(k_buffer, [&]<typename kv_t>() {
+      dispatch_head_dim(a, [&]<int kDim>() {
+        at::parallel_for(0, bs * items_per_req, 1, [&](int64_t begin, int64_t end) {
+          Scratch& scratch = Scratch::for_this_thread(heads_per_item * a.group, a.head_dim, max_len);
+          for (int64_t item = begin; item < end; ++item) {
+            const int64_t b = item / items_per_req, head = (item % items_per_req) * heads_per_item;
+            store_kv<scalar_t>(a, key, value, b, slots[b], head, head + heads_per_item, k_buffer.data_ptr<kv_t>(),
+                               v_buffer.data_ptr<kv_t>());
+            attend_block<kDim>(a, q.data_ptr<scalar_t>() + b * q.stride(0), o.data_ptr<scalar_t>() + b * o.stride(0),
+                               o.stride(0), k_buffer.data_ptr<kv_t>(), v_buffer.data_ptr<kv_t>(),
+                               req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head,
+                               head + heads_per_item, /*prefix=*/lens[b] - 1, /*first=*/0, /*count=*/1, scratch);
+          }
+        });
       });
     });
   });

@@ -41,28 +41,30 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
   const int64_t call = next_call_id();
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
     const int64_t* slots = loc.data_ptr<int64_t>();
-    at::parallel_for(0, q.size(0), 64, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        store_kv(a, key, value, i, slots[i], 0, a.num_kv_heads, k_buffer.data_ptr<scalar_t>(),
-                 v_buffer.data_ptr<scalar_t>());
-      }
-    });
-    dispatch_head_dim(a, [&]<int kDim>() {
-      // Items go KV head by KV head, and within one, a request's blocks in order: a thread walks a
-      // contiguous range of them, so its next block is usually the same request's next one and
-      // reuses the keys this one transposed (scores_by_tile).
-      at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-        Scratch& scratch = Scratch::for_this_thread(kBlock * a.group, a.head_dim, max_len);
-        for (int64_t item = begin; item < end; ++item) {
-          const auto [b, first] = blocks[item % num_blocks];
-          const int64_t head = item / num_blocks;
-          const int64_t count = std::min(kBlock, ext_lens[b] - first);
-          attend_block<kDim>(a, q.data_ptr<scalar_t>() + ext_start[b] * q.stride(0),
-                             o.data_ptr<scalar_t>() + ext_start[b] * o.stride(0), o.stride(0),
-                             k_buffer.data_ptr<scalar_t>(), v_buffer.data_ptr<scalar_t>(),
-                             req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + 1,
-                             /*prefix=*/lens[b] - ext_lens[b], first, count, scratch, KeyReuse{call, b});
+    dispatch_kv_dtype<scalar_t>(k_buffer, [&]<typename kv_t>() {
+      at::parallel_for(0, q.size(0), 64, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          store_kv<scalar_t>(a, key, value, i, slots[i], 0, a.num_kv_heads, k_buffer.data_ptr<kv_t>(),
+                             v_buffer.data_ptr<kv_t>());
         }
+      });
+      dispatch_head_dim(a, [&]<int kDim>() {
+        // Items go KV head by KV head, and within one, a request's blocks in order: a thread walks a
+        // contiguous range of them, so its next block is usually the same request's next one and
+        // reuses the keys this one transposed (scores_by_tile).
+        at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+          Scratch& scratch = Scratch::for_this_thread(kBlock * a.group, a.head_dim, max_len);
+          for (int64_t item = begin; item < end; ++item) {
+            const auto [b, first] = blocks[item % num_blocks];
+            const int64_t head = item / num_blocks;
+            const int64_t count = std::min(kBlock, ext_lens[b] - first);
+            attend_block<kDim>(a, q.data_ptr<scalar_t>() + ext_start[b] * q.stride(0),
+                               o.data_ptr<scalar_t>() + ext_start[b] * o.stride(0), o.stride(0),
+                               k_buffer.data_ptr<kv_t>(), v_buffer.data_ptr<kv_t>(),
+                               req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + 1,
+                               /*prefix=*/lens[b] - ext_lens[b], first, count, scratch, KeyReuse{call, b});
+          }
+        });
       });
     });
   });

@@ -100,7 +100,8 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
         """Shape q, k, v as [tokens, heads, head_dim], make the output, and fetch this layer's pool.
 
         The kernels always store the new tokens' K/V themselves; when the caller already saved
-        them (save_kv_cache=False), they get what the pool holds and write it back unchanged.
+        them (save_kv_cache=False), they get what the pool holds and write it back unchanged (in
+        the model's dtype, as the kernels take new K/V: widening a bfloat16 pool's rows is exact).
         """
         assert not layer.logit_cap, "the CPU kernels do not implement logit capping"
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
@@ -108,6 +109,6 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             k = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
             v = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
         else:
-            k, v = k_buf[forward_batch.out_cache_loc], v_buf[forward_batch.out_cache_loc]
+            k, v = k_buf[forward_batch.out_cache_loc].to(q.dtype), v_buf[forward_batch.out_cache_loc].to(q.dtype)
         q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         return q, q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim), k_buf, v_buf, k, v
