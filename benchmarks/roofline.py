@@ -26,14 +26,19 @@ HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 30, 9, 3, 6
 SHAPES = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
 
 
-def best_of(fn, reps: int = 5) -> float:
+def timings(fn, reps: int = 5) -> list[float]:
+    """Seconds of each of reps calls of fn, after one untimed call that warms caches and kernels."""
     fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
+
+
+def best_of(fn, reps: int = 5) -> float:
+    return min(timings(fn, reps))
 
 
 def cpu_name() -> str:

@@ -24,8 +24,6 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kMaxHeadDim = 256;
 
 // Copies new token i's K/V heads [head_begin, head_end) from key/value ([tokens, kv_heads, dim],
-// possibly strided views of the QKV output) into the pool at slot loc[i].
-// Copies new token i's K/V heads [head_begin, head_end) from key/value ([tokens, kv_heads, dim],
 // possibly strided views of the QKV output) into the pool at slot loc[i], rounding them to the
 // pool's dtype through float32 where it differs (c10::BFloat16 from a float rounds to nearest
 // even, as torch's .to(torch.bfloat16) does; a c10::Half has no direct conversion to it).
