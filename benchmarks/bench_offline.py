@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
+        choices=["auto", "bfloat16"],
         help="also run minisgl with this KV pool dtype (SGLang's flag, e.g. bfloat16), in the same rounds",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
@@ -227,10 +228,9 @@ def main() -> None:
         probe_before = best_gemm_rate(config, dtype)
         bandwidth_before = read_bandwidth(1 << 30)
         contenders = {"minisgl": lambda: run_in_subprocess(own("minisgl", dtype))}  # run in rounds
-        kv = args.kv_cache_dtype.replace("bf16", "bfloat16")
-        if kv not in ("auto", dtype):
-            cmd = engine_cmd("minisgl", dtype, args, threads, kv)
-            contenders[f"minisgl, KV {kv}"] = lambda: run_in_subprocess(cmd)
+        if args.kv_cache_dtype not in ("auto", dtype):
+            cmd = engine_cmd("minisgl", dtype, args, threads, args.kv_cache_dtype)
+            contenders[f"minisgl, KV {args.kv_cache_dtype}"] = lambda: run_in_subprocess(cmd)
         if Path(args.vllm_python).exists():
             cmd = [
                 args.vllm_python,

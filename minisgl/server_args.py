@@ -199,6 +199,8 @@ class ServerArgs:
             self.chunked_prefill_size = 2048
         if self.chunked_prefill_size == -1:
             self.chunked_prefill_size = None  # SGLang's "disabled": every prompt prefills in one piece
+        if self.kv_cache_dtype == "bf16":
+            self.kv_cache_dtype = "bfloat16"  # SGLang's alias
 
     def _handle_speculative_decoding(self) -> None:
         if self.speculative_algorithm is None:
@@ -304,8 +306,6 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
-        if self.kv_cache_dtype == "bf16":
-            self.kv_cache_dtype = "bfloat16"  # SGLang's alias
         if self.kv_cache_dtype not in ("auto", "bfloat16"):
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: minisgl's KV pool holds the model's "
