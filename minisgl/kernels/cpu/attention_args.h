@@ -24,9 +24,9 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kMaxHeadDim = 256;
 
 // Copies new token i's K/V heads [head_begin, head_end) from key/value ([tokens, kv_heads, dim],
-// possibly strided views of the QKV output) into the pool at slot loc[i], rounding them to the
-// pool's dtype through float32 where it differs (c10::BFloat16 from a float rounds to nearest
-// even, as torch's .to(torch.bfloat16) does; a c10::Half has no direct conversion to it).
+// possibly strided views of the QKV output) into the pool at slot loc[i]. Where the pool's dtype
+// differs, a head is widened to float32 (as_float) and rounded to the pool's dtype to nearest even
+// (store_row), as torch's .to() rounds, in vector registers.
 template <typename scalar_t, typename kv_t>
 inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const at::Tensor& value, int64_t i,
                      int64_t slot, int64_t head_begin, int64_t head_end, kv_t* k_buf, kv_t* v_buf) {
@@ -34,7 +34,8 @@ inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const a
     if constexpr (std::is_same_v<scalar_t, kv_t>) {
       std::copy_n(src, n, dst);
     } else {
-      for (int64_t c = 0; c < n; ++c) dst[c] = static_cast<kv_t>(static_cast<float>(src[c]));
+      float buf[kMaxHeadDim];  // check_paged_attention bounds both head dims by it
+      store_row(as_float(src, buf, n), dst, n);
     }
   };
   for (int64_t h = head_begin; h < head_end; ++h) {
