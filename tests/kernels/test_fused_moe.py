@@ -68,3 +68,28 @@ def test_moe_align_block_size():
     assert (sorted_token_ids[12:] == pad).all()
     assert expert_ids[:3].tolist() == [0, 1, 2]
     assert sorted_token_ids.dtype == expert_ids.dtype == torch.int32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("intermediate", [64, 40])  # 2I = 128 packs; 2I = 80 is no multiple of a panel
+def test_cpu_moe_method_packs_every_expert(dtype, intermediate):
+    """UnquantizedFusedMoEMethod on CPU: each expert packed once as a dense layer is, then the loop."""
+    from torch import nn
+
+    from minisgl.layers.linear import pack_linear_weight
+    from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    case = make_moe_case(12, 96, intermediate, 6, 2, dtype, seed=intermediate, device="cpu")
+    layer, method = nn.Module(), UnquantizedFusedMoEMethod()
+    method.create_weights(layer, 6, 96, intermediate, dtype, weight_loader=None)
+    layer.w13_weight.data.copy_(case["w1"])
+    layer.w2_weight.data.copy_(case["w2"])
+    method.process_weights_after_loading(layer)
+    assert not hasattr(layer, "w13_weight") and not hasattr(layer, "w2_weight")  # no second copy kept
+    for packed, w in zip(layer.w13_packed + layer.w2_packed, [*case["w1"], *case["w2"]]):
+        expected = pack_linear_weight(w)  # the layout a dense layer of this shape and dtype gets here
+        assert packed.is_mkldnn == expected.is_mkldnn and packed.shape == expected.shape
+    out = method.apply(layer, case["hidden_states"], case["topk_weights"], case["topk_ids"])
+    assert out.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), fused_moe_ref(**case), atol=tol, rtol=tol)

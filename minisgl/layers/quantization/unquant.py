@@ -58,6 +58,19 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter, dtype=params_dtype), False)
         layer.w13_weight.weight_loader = layer.w2_weight.weight_loader = extra_weight_attrs["weight_loader"]
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        # On CPU every expert's two matrices are packed once, as a dense layer's are, so each runs
+        # on the GEMM apply_linear picks for its dtype (the matrix engines' VNNI layout for bf16
+        # where the CPU has AVX512-BF16 or AMX). Left plain, oneDNN re-derived its layout on every
+        # call. SGLang packs them too (_amx_process_weight_after_loading), for its fused CPU MoE
+        # kernel; minisgl keeps the loop over experts and lists the packed matrices by expert id.
+        if layer.w13_weight.is_cuda:
+            return  # the Triton kernel reads the stacked [E, N, K] tensors
+        for name in ("w13", "w2"):
+            weights = getattr(layer, f"{name}_weight").data
+            delattr(layer, f"{name}_weight")
+            setattr(layer, f"{name}_packed", [pack_linear_weight(w) for w in weights])
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
@@ -65,4 +78,4 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         # than the interpreted kernel (which the kernel tests run against this loop).
         if x.is_cuda:
             return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
-        return fused_experts_native(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, apply_linear)
+        return fused_experts_native(x, layer.w13_packed, layer.w2_packed, topk_weights, topk_ids, apply_linear)

@@ -1,0 +1,87 @@
+"""One MoE layer's experts on CPU: packed once per expert (minisgl's path) against the plain weights.
+
+    python benchmarks/bench_moe.py                       # a Qwen3-MoE-shaped layer, scaled to fit a laptop
+    python benchmarks/bench_moe.py --experts 128 --hidden 2048 --intermediate 768 --top-k 8   # Qwen3-30B-A3B's
+
+UnquantizedFusedMoEMethod packs every expert's w13 and w2 after loading, as a dense layer's weight
+is packed (layers/linear.py pack_linear_weight): the VNNI layout for the matrix engines in bf16
+where the CPU has AVX512-BF16 or AMX, panels or oneDNN's blocked layout otherwise. This times the
+same loop over experts (fused_experts_native) three ways, alternated in one process:
+
+- packed: what the engine runs;
+- plain, oneDNN: the expert matrices left as loaded, through apply_linear (oneDNN re-derives its
+  layout on every call) — what the engine ran before the experts were packed;
+- plain, F.linear: ATen's own linear (MKL's sgemm in float32).
+
+Each --tokens count routes that many tokens by random router logits (top --top-k of --experts),
+so a decode batch touches few experts and a prefill chunk all of them. The weights are one layer's
+(--experts x 3 x hidden x intermediate), small enough that a large L3 may hold much of them: this
+measures the kernels on one layer, not a forward streaming many layers from DRAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from roofline import cpu_name, timings  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from torch import nn
+
+from minisgl.kernels.cpu.features import cpu_features
+from minisgl.layers.linear import apply_linear
+from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+
+def make_layer(experts: int, hidden: int, inter: int, dtype: torch.dtype) -> tuple[nn.Module, list, list]:
+    """The engine's packed layer, and the same experts' plain matrices."""
+    layer, method = nn.Module(), UnquantizedFusedMoEMethod()
+    method.create_weights(layer, experts, hidden, inter, dtype, weight_loader=None)
+    layer.w13_weight.data.copy_(torch.randn(experts, 2 * inter, hidden) * hidden**-0.5)
+    layer.w2_weight.data.copy_(torch.randn(experts, hidden, inter) * inter**-0.5)
+    plain = (list(layer.w13_weight.data.clone()), list(layer.w2_weight.data.clone()))
+    method.process_weights_after_loading(layer)
+    return layer, *plain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    print(f"CPU: {cpu_name()}; features: {', '.join(sorted(cpu_features()))}; {torch.get_num_threads()} threads")
+    print(f"{args.experts} experts, top {args.top_k}, hidden {args.hidden}, intermediate {args.intermediate}")
+    print("dtype    | tokens | packed ms | plain oneDNN ms | plain F.linear ms | oneDNN/packed | F.linear/packed")
+    for name in args.dtype:
+        dtype = getattr(torch, name)
+        layer, w13, w2 = make_layer(args.experts, args.hidden, args.intermediate, dtype)
+        for tokens in args.tokens:
+            g = torch.Generator().manual_seed(tokens)
+            x = torch.randn(tokens, args.hidden, generator=g).to(dtype)
+            weights, ids = torch.randn(tokens, args.experts, generator=g).softmax(-1).topk(args.top_k, dim=-1)
+            packed = (layer.w13_packed, layer.w2_packed)
+            runs = {
+                "packed": lambda: fused_experts_native(x, *packed, weights, ids, apply_linear),
+                "onednn": lambda: fused_experts_native(x, w13, w2, weights, ids, apply_linear),
+                "linear": lambda: fused_experts_native(x, w13, w2, weights, ids, F.linear),
+            }
+            ms = {k: [] for k in runs}
+            for _ in range(3):  # alternated, so a slow phase of the host hits all three
+                for k, fn in runs.items():
+                    ms[k] += [t * 1e3 for t in timings(fn, args.reps)]
+            best = {k: statistics.median(v) for k, v in ms.items()}
+            print(
+                f"{name:8} | {tokens:6} | {best['packed']:9.3f} | {best['onednn']:15.3f} | {best['linear']:17.3f} | "
+                f"{best['onednn'] / best['packed']:12.2f}x | {best['linear'] / best['packed']:14.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
