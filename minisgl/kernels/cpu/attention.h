@@ -7,7 +7,7 @@
 // block: the query heads that share a KV head (GQA) and the block's query tokens.
 #pragma once
 
-#include "attention_args.h"
+#include "attention_dpbf16.h"
 
 #include <ATen/cpu/vec/functional.h>
 
@@ -40,20 +40,31 @@ inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 // layer was a measurable share of short decode steps.
 struct Scratch {
   std::vector<float> q_rows, scores, inv_sum, keys_t;
+  // The vdpbf16ps path's (attention_dpbf16.h): the queries as the model made them, and the keys
+  // transposed as 32-bit pairs. Grown only by calls that take that path (grow_bf16).
+  std::vector<at::BFloat16> q_bf16;
+  std::vector<uint32_t> keys_w;
   // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
   // call kt_call. Later query blocks of the same request and head (extend) reuse them.
   int64_t kt_call = -1, kt_request = -1, kt_head = -1, kt_keys = 0;
 
+  template <typename T>
+  static void grow(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  }
+
   static Scratch& for_this_thread(int64_t rows, int64_t head_dim, int64_t max_kv_len) {
     thread_local Scratch sc;
-    const auto grow = [](std::vector<float>& v, int64_t n) {
-      if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-    };
     grow(sc.q_rows, rows * head_dim);
     grow(sc.scores, rows * round_up(max_kv_len, kKeyBlock));
     grow(sc.inv_sum, rows);
     grow(sc.keys_t, head_dim * round_up(max_kv_len, kKeyBlock));
     return sc;
+  }
+
+  void grow_bf16(int64_t rows, int64_t head_dim, int64_t kv_len) {
+    grow(q_bf16, rows * head_dim);
+    grow(keys_w, head_dim / 2 * round_up(kv_len, kKeyBlock));
   }
 };
 
@@ -173,7 +184,7 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
-template <int kDim, typename kv_t>
+template <int kDim, bool kDp, typename kv_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
                     int64_t start, const KeyReuse& who) {
@@ -187,14 +198,21 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
     }
     for (int64_t t0 = 0; t0 < kv_len; t0 += kKeyBlock) {
       const int64_t n = std::min(kKeyBlock, kv_len - t0);
-      float* kt = sc.keys_t.data() + t0 * d;  // block t0 / kKeyBlock: [d][kKeyBlock]
+      float* kt = sc.keys_t.data() + t0 * d;  // block t0 / kKeyBlock: [d][kKeyBlock], float32
+      uint32_t* kw = kDp ? sc.keys_w.data() + t0 * d / 2 : nullptr;  // or [d / 2][kKeyBlock] pairs
       if (t0 + n > sc.kt_keys) {  // a block not transposed yet, or only in part
-        for (int64_t t = 0; t < kKeyBlock; ++t) {
-          if (t < n) {
-            const kv_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
-            for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
-          } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
-            for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
+        if constexpr (kDp) {
+          const kv_t* block[kKeyBlock];
+          for (int64_t t = 0; t < n; ++t) block[t] = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
+          transpose_key_words<kDim, kKeyBlock>(block, n, kw);
+        } else {
+          for (int64_t t = 0; t < kKeyBlock; ++t) {
+            if (t < n) {
+              const kv_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
+              for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
+            } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
+              for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
+            }
           }
         }
         sc.kt_keys = t0 + n;
@@ -203,7 +221,12 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
       for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
         const int64_t row = h * rows_per_head + r;
         with_rows<kScoreRows>(std::min<int64_t>(kScoreRows, rows_per_head - r), [&]<int R>() {
-          score_tile<R, kDim>(sc.q_rows.data() + row * d, d, kt, sc.scores.data() + row * ld + t0, ld);
+          if constexpr (kDp) {
+            score_tile_dpbf16<R, kDim, kKeyBlock>(sc.q_bf16.data() + row * d, kw, sc.scores.data() + row * ld + t0,
+                                                  ld, a.scale);
+          } else {
+            score_tile<R, kDim>(sc.q_rows.data() + row * d, d, kt, sc.scores.data() + row * ld + t0, ld);
+          }
         });
       }
     }
@@ -278,10 +301,20 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
   // Keys visible to row r: 0 .. prefix + first + j.
   auto visible = [&](int64_t r) { return prefix + first + (r % rows_per_head) / a.group + 1; };
+  // Many rows per key (extend) of a bf16 model over a bf16 pool: scores on vdpbf16ps where the CPU
+  // has AVX512-BF16 (attention_dpbf16.h), from the queries as the model made them, unscaled.
+  constexpr bool kBf16 =
+      std::is_same_v<scalar_t, at::BFloat16> && std::is_same_v<kv_t, at::BFloat16> && kDim > 0 && kDim % 32 == 0;
+  const bool by_tile = rows_per_head >= kScoreRows, dp = kBf16 && by_tile && cpu_has_avx512_bf16();
+  if (dp) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t g = 0; g < a.group; ++g) {
         const scalar_t* src = q + (first + j) * a.q_token_stride + ((head_begin + h) * a.group + g) * a.q_head_stride;
+        if (dp) {
+          std::copy_n(reinterpret_cast<const at::BFloat16*>(src), d, sc.q_bf16.data() + row(h, j, g) * d);
+          continue;
+        }
         float* dst = sc.q_rows.data() + row(h, j, g) * d;
         for (int64_t c = 0; c < n_vec; ++c) (load_float(src + c * Vec::size()) * Vec(a.scale)).store(dst + c * Vec::size());
       }
@@ -290,11 +323,16 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
 
   // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never used).
   const int64_t ld = round_up(kv_len, kKeyBlock);
-  if (rows_per_head >= kScoreRows) {
-    scores_by_tile<kDim, kv_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
-                                   prefix + first, who);
-  } else {
+  const auto tiles = [&]<bool kDp>() {
+    scores_by_tile<kDim, kDp, kv_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
+                                    prefix + first, who);
+  };
+  if (!by_tile) {
     scores_by_key<kDim, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
+  } else if constexpr (kBf16) {
+    dp ? tiles.template operator()<true>() : tiles.template operator()<false>();
+  } else {
+    tiles.template operator()<false>();
   }
   // 2. softmax over each row's visible keys (the division is deferred to the output); p = 0 past them,
   // for the value tiles that run to their last row's keys.
