@@ -311,9 +311,11 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t g = 0; g < a.group; ++g) {
         const scalar_t* src = q + (first + j) * a.q_token_stride + ((head_begin + h) * a.group + g) * a.q_head_stride;
-        if (dp) {
-          std::copy_n(reinterpret_cast<const at::BFloat16*>(src), d, sc.q_bf16.data() + row(h, j, g) * d);
-          continue;
+        if constexpr (kBf16) {
+          if (dp) {
+            std::copy_n(src, d, sc.q_bf16.data() + row(h, j, g) * d);
+            continue;
+          }
         }
         float* dst = sc.q_rows.data() + row(h, j, g) * d;
         for (int64_t c = 0; c < n_vec; ++c) (load_float(src + c * Vec::size()) * Vec(a.scale)).store(dst + c * Vec::size());
