@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from minisgl.tools.eagle_data import engine_features, generate, self_prompts, target_features
 from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.train_eagle import train
+from minisgl.tools.train_eagle import served_walk, train
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def test_trained_head_format_and_acceptance(tiny_target, tmp_path, algorithm):
     head, stats = train(args, data, log=lambda *_: None)
     assert stats["acceptance_by_steps"][-1] > stats["acceptance_untrained_by_steps"][-1]
     assert 1.0 <= stats["acceptance_by_steps"][0] <= stats["acceptance_by_steps"][1] <= 3.0
+    assert 1.0 <= stats["acceptance_served_walk"] <= 3.0
 
     target_config = json.loads((tiny_target / "config.json").read_text())
     files = head.save(tmp_path, target_config, torch.bfloat16, data["aux_layers"])
@@ -75,6 +76,14 @@ def test_trained_head_format_and_acceptance(tiny_target, tmp_path, algorithm):
         d2t, t2d = tensors["d2t"], tensors["t2d"]
         assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and t2d.shape == (vocab,)
         assert torch.equal(torch.nonzero(t2d).flatten(), d2t + torch.arange(n))  # draft index i -> i + d2t[i]
+
+
+def test_served_walk_starts_each_round_where_the_last_one_ended():
+    # kept[i]: drafts kept by the chain started at i. Rounds start at 2, then 2 + 3 = 5 (two kept),
+    # 5 + 1 = 6 (none kept), 6 + 4 = 10 (three kept): 10 is not before the end, so it stops there.
+    kept = [9, 9, 2, 9, 9, 0, 3, 9, 9, 9, 9]
+    assert served_walk(kept, first=2, end=10) == [3, 1, 4]
+    assert served_walk(kept, first=2, end=2) == []  # an answer too short for a whole chain
 
 
 def test_self_prompts_sample_the_users_turn_and_keep_finished_questions():

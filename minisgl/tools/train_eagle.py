@@ -31,8 +31,10 @@ elsewhere, e.g. by SpecForge; this is the small version of that recipe):
    target predicts most often. EAGLE gets it as --speculative-token-map FILE, EAGLE3 as its
    draft_vocab_size with d2t/t2d (SGLang's formats; see eagle_head.py).
 5. Held-out estimate: on prompts not trained on, the chain's mean acceptance length
-   (1 + the drafts matching the target's greedy tokens before the first miss), the number
-   the engine reports as spec_accept_length, for the trained head and an untrained one.
+   (1 + the drafts matching the target's greedy tokens before the first miss) from every
+   answer position, for the trained head and an untrained one; and the same along the walk
+   serving takes (each round starting where the last one ended), the number the engine
+   reports as spec_accept_length.
 
 The result is cached like the GGUF conversion: the same model and arguments reuse the head
 (and both algorithms reuse the generated answers) under $MINISGL_CACHE_DIR/eagle.
@@ -80,14 +82,28 @@ def chain_losses(head: EagleHead, data: dict, rows, num_steps: int, target_rows:
     return total
 
 
+def served_walk(kept: list[int], first: int, end: int) -> list[int]:
+    """Tokens per verify of the rounds serving runs over one answer: the first chain starts at
+    ``first``, and each next one where the last round ended, one past its kept drafts (kept[i]:
+    the drafts kept by the chain started at i; chains start before ``end``)."""
+    rounds, i = [], first
+    while i < end:
+        rounds.append(kept[i] + 1)
+        i += kept[i] + 1
+    return rounds
+
+
 @torch.no_grad()
-def acceptance(head: EagleHead, data: dict, rows, num_steps: int) -> list[float]:
-    """Mean acceptance length of chains of k = 1..num_steps drafts, started at every answer position.
+def acceptance(head: EagleHead, data: dict, rows, num_steps: int) -> tuple[list[float], float]:
+    """Mean acceptance length of chains of k = 1..num_steps drafts, started at every answer
+    position; and at k = num_steps along serving's walk (served_walk).
 
     A chain started at i (last token at i + 1, the target's feature at i) keeps draft s while
-    it equals the target's greedy token at i + s + 1; verify adds one token of its own.
+    it equals the target's greedy token at i + s + 1; verify adds one token of its own. Serving
+    starts a chain only where the last round ended, right after a miss, and those positions are
+    harder to guess than the average one: the walk's mean is the one the engine reports.
     """
-    accepted, starts = torch.zeros(num_steps), 0
+    accepted, starts, rounds = torch.zeros(num_steps), 0, []
     for start in range(0, len(rows), 8):
         chunk = rows[start : start + 8]
         length = int(data["lengths"][chunk].max())
@@ -96,12 +112,18 @@ def acceptance(head: EagleHead, data: dict, rows, num_steps: int) -> list[float]
         alive = torch.ones(len(chunk), n, dtype=torch.bool)
         index = torch.arange(n)
         valid = (index >= data["prompt_lengths"][chunk, None] - 1) & (index + num_steps < data["lengths"][chunk, None])
+        kept = torch.zeros(len(chunk), n, dtype=torch.long)
         for s, (logits, _) in enumerate(results):
             drafted = head.hot_ids[logits.argmax(-1)]
             alive &= drafted == data["greedy"][chunk, s + 1 : s + 1 + n]
             accepted[s] += (alive & valid).sum()
+            kept += alive.long()
         starts += int(valid.sum())
-    return [1 + float(accepted[:k].sum()) / starts for k in range(1, num_steps + 1)]
+        for b, row in enumerate(chunk.tolist()):
+            end = int(data["lengths"][row]) - num_steps  # the last chain start `valid` allows, plus one
+            rounds += served_walk(kept[b].tolist(), int(data["prompt_lengths"][row]) - 1, end)
+    by_steps = [1 + float(accepted[:k].sum()) / starts for k in range(1, num_steps + 1)]
+    return by_steps, sum(rounds) / len(rounds) if rounds else float("nan")
 
 
 def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead, dict]:
@@ -121,7 +143,7 @@ def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead
     coverage = torch.isin(data["greedy"][eval_rows][in_eval], hot_ids).float().mean().item()
 
     head = EagleHead(data["config"], args.algorithm, data["embed"], data["lm_head"], hot_ids)
-    untrained = acceptance(head.eval(), data, eval_rows, args.num_steps)
+    untrained, _ = acceptance(head.eval(), data, eval_rows, args.num_steps)
     target_rows = data["lm_head"].detach().float()[hot_ids]
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -147,13 +169,14 @@ def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead
         if step % max(1, args.train_steps // 10) == 0 or step == args.train_steps - 1:
             log(f"step {step + 1}/{args.train_steps}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)")
     train_seconds = time.perf_counter() - start
-    trained = acceptance(head.eval(), data, eval_rows, args.num_steps)
+    trained, walk = acceptance(head.eval(), data, eval_rows, args.num_steps)
     stats = {
         "train_seconds": train_seconds,
         "params": sum(p.numel() for p in head.state_dict().values()),
         "hot_vocab_size": len(hot_ids),
         "hot_coverage": coverage,
         "acceptance_by_steps": trained,
+        "acceptance_served_walk": walk,
         "acceptance_untrained_by_steps": untrained,
         "held_out_prompts": held_out,
     }
@@ -234,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"training time: {stats['train_seconds']:.0f} s")
     print(f"hot vocabulary: {stats['hot_vocab_size']} tokens, {stats['hot_coverage']:.1%} of held-out greedy tokens")
     print(f"held-out acceptance length (tokens per verify): {accept}; untrained at k={args.num_steps}: {untrained:.2f}")
+    if "acceptance_served_walk" in stats:  # heads trained before the walk was estimated lack it
+        print(f"held-out, rounds as serving runs them at k={args.num_steps}: {stats['acceptance_served_walk']:.2f}")
     if args.algorithm == "EAGLE":
         print(f"serve with: --speculative-token-map {out / 'hot_token_map.pt'}")
     stats["out"] = str(out)
