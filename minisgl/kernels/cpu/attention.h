@@ -42,7 +42,7 @@ struct Scratch {
   std::vector<float> q_rows, scores, inv_sum, keys_t;
   // The vdpbf16ps path's (attention_dpbf16.h): the queries as the model made them, and the keys
   // transposed as 32-bit pairs. Grown only by calls that take that path (grow_bf16).
-  std::vector<at::BFloat16> q_bf16;
+  std::vector<at::BFloat16> q_bf16, p_bf16;
   std::vector<uint32_t> keys_w;
   // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
   // call kt_call. Later query blocks of the same request and head (extend) reuse them.
@@ -64,6 +64,7 @@ struct Scratch {
 
   void grow_bf16(int64_t rows, int64_t head_dim, int64_t kv_len) {
     grow(q_bf16, rows * head_dim);
+    grow(p_bf16, rows * round_up(kv_len, kKeyBlock));
     grow(keys_w, head_dim / 2 * round_up(kv_len, kKeyBlock));
   }
 };
@@ -301,12 +302,14 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
   // Keys visible to row r: 0 .. prefix + first + j.
   auto visible = [&](int64_t r) { return prefix + first + (r % rows_per_head) / a.group + 1; };
-  // Many rows per key (extend) of a bf16 model over a bf16 pool: scores on vdpbf16ps where the CPU
-  // has AVX512-BF16 (attention_dpbf16.h), from the queries as the model made them, unscaled.
+  // A bf16 model over a bf16 pool on a CPU with AVX512-BF16 (`engine`) takes p . v on vdpbf16ps
+  // (attention_dpbf16.h), and with many rows per key (extend, `dp`) the scores too, from the queries
+  // as the model made them, unscaled.
   constexpr bool kBf16 =
       std::is_same_v<scalar_t, at::BFloat16> && std::is_same_v<kv_t, at::BFloat16> && kDim > 0 && kDim % 32 == 0;
-  const bool by_tile = rows_per_head >= kScoreRows, dp = kBf16 && by_tile && cpu_has_avx512_bf16();
-  if (dp) sc.grow_bf16(rows, d, kv_len);
+  const bool engine = kBf16 && cpu_has_avx512_bf16();
+  const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
+  if (engine) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
       for (int64_t g = 0; g < a.group; ++g) {
@@ -343,15 +346,27 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     const float m = max_of(s, visible(r));
     sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
     std::fill(s + visible(r), s + kv_len, 0.f);
+    if (engine) store_row(s, sc.p_bf16.data() + r * ld, kv_len);  // rounded to nearest even, for vdpbf16ps
   }
-  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows.
+  // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows: for a bf16 model over a bf16
+  // pool on vdpbf16ps (decode too: a call covers all the keys), from probabilities rounded to bf16
+  // as sgl-kernel's brgemm takes them; the sum they are divided by stays the float32 one.
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
       const int64_t n_rows = std::min<int64_t>(kValueRows, (h + 1) * rows_per_head - r0);
       with_rows<kValueRows>(n_rows, [&]<int R>() {
-        value_rows<R, kDim>(a, sc.scores.data() + r0 * ld, ld, visible(r0 + R - 1), v_buf + (head_begin + h) * d,
-                            token_slots, out);
+        const int64_t n = visible(r0 + R - 1);
+        if constexpr (kBf16 && kDim % 64 == 0) {
+          if (engine) {
+            for (int64_t c = 0; c < d; c += 64) {
+              value_tile_dpbf16<R>(sc.p_bf16.data() + r0 * ld, ld, n, v_buf + (head_begin + h) * d + c, a.v_slot_stride,
+                                   token_slots, out + c, d);
+            }
+            return;
+          }
+        }
+        value_rows<R, kDim>(a, sc.scores.data() + r0 * ld, ld, n, v_buf + (head_begin + h) * d, token_slots, out);
       });
       for (int64_t i = 0; i < n_rows; ++i) {
         const int64_t r = r0 + i, j = (r % rows_per_head) / a.group, g = r % a.group;
