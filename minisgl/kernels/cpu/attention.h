@@ -40,8 +40,9 @@ inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 // layer was a measurable share of short decode steps.
 struct Scratch {
   std::vector<float> q_rows, scores, inv_sum, keys_t;
-  // The vdpbf16ps path's (attention_dpbf16.h): the queries as the model made them, and the keys
-  // transposed as 32-bit pairs. Grown only by calls that take that path (grow_bf16).
+  // The vdpbf16ps path's (attention_dpbf16.h): the queries as the model made them, the probabilities
+  // rounded to bf16, and the keys transposed as 32-bit pairs. Grown only by calls that take that path
+  // (grow_bf16).
   std::vector<at::BFloat16> q_bf16, p_bf16;
   std::vector<uint32_t> keys_w;
   // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
