@@ -9,8 +9,9 @@
 // - Q . K^T (extend's many rows per key, scores_by_tile): the queries stay unscaled bf16, as the
 //   model produced them, and the scale multiplies the float32 scores, so only the summation order
 //   differs from the FMA path. Decode's scores (scores_by_key, a GQA group of rows per key) stay on
-//   FMAs: with vdpbf16ps they measured 7-8% slower at 64 requests on an AVX-512 EPYC, since each
-//   call covers only 4 keys and a call into a function of another ISA cannot be inlined.
+//   FMAs: on vdpbf16ps they were no faster at 64 requests on an AVX-512 EPYC, neither called per 4
+//   keys (7-8% slower) nor as one call per item with the tiles inlined (0% and 39% slower); each score
+//   still ends in a cross-lane sum, and the key rows come from scattered pool slots.
 // - P . V (decode and extend; a call covers all of a row tile's keys): the probabilities are
 //   rounded to bf16, as sgl-kernel's brgemm takes them, and divided by their float32 sum.
 //
