@@ -16,7 +16,7 @@
 //   rounded to bf16, as sgl-kernel's brgemm takes them, and divided by their float32 sum.
 //
 // Like gemm_vnni.cpp, the functions carry their ISA in a target attribute, so every build compiles
-// them and only a CPU with avx512_bf16 (asked by cpu_has_avx512_bf16) runs them.
+// them and only a CPU with avx512_bf16 (cpu_has_avx512_bf16, common.h) runs them.
 #pragma once
 
 #include "attention_args.h"
@@ -24,13 +24,6 @@
 #include <cstring>
 
 namespace minisgl {
-
-#define MINISGL_ATTN_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
-inline bool cpu_has_avx512_bf16() {
-  static const bool has = cpu_has("avx512_bf16") && cpu_has("avx512_bw") && cpu_has("avx512_vl");
-  return has;
-}
 
 // A block of kBlock keys as 32-bit words, for score_tile_dpbf16: kw[c2 * kBlock + t] holds values
 // 2 c2 and 2 c2 + 1 of key t, which is word c2 of the key's row as the pool stores it, so the
@@ -51,7 +44,7 @@ inline void transpose_key_words(const at::BFloat16* const* keys, int64_t n, uint
 // many rows per key): each step broadcasts one pair of q_i and multiplies it by that pair of every
 // key in the block, a small GEMM with no horizontal sums.
 template <int ROWS, int kDim, int kBlock>
-MINISGL_ATTN_BF16 void score_tile_dpbf16(const at::BFloat16* q, const uint32_t* kw, float* scores, int64_t ld,
+MINISGL_AVX512_BF16 void score_tile_dpbf16(const at::BFloat16* q, const uint32_t* kw, float* scores, int64_t ld,
                                          float scale) {
   constexpr int NV = kBlock / 16;  // vectors of 16 keys
   __m512 acc[ROWS][NV];
@@ -80,7 +73,7 @@ MINISGL_ATTN_BF16 void score_tile_dpbf16(const at::BFloat16* q, const uint32_t* 
 // acc[q] += p_t * v_t + p_u * v_u over 64 values of a head, for one row: x holds the two value
 // rows interleaved in 16-bit pairs (unpacklo/unpackhi of v_t and v_u), `word` the pair (p_t, p_u).
 template <int ROWS>
-MINISGL_ATTN_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m512bh (&x)[4], const uint32_t* words) {
+MINISGL_AVX512_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m512bh (&x)[4], const uint32_t* words) {
 #pragma GCC unroll 8
   for (int i = 0; i < ROWS; ++i) {
     const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(words[i]));
@@ -95,7 +88,7 @@ MINISGL_ATTN_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m51
 // 128-bit lane, so the accumulators hold the values in the order (0-3, 8-11, ...) and (4-7, 12-15,
 // ...); two two-source permutes put them back in order at the store. An odd last key pairs with zeros.
 template <int ROWS>
-MINISGL_ATTN_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const at::BFloat16* v_piece,
+MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const at::BFloat16* v_piece,
                                          int64_t v_stride, const int32_t* token_slots, float* out, int64_t d) {
   __m512 acc[ROWS][4];
 #pragma GCC unroll 8

@@ -148,6 +148,14 @@ inline bool cpu_has_avx512_vnni() {
   return has;
 }
 
+// vdpbf16ps, and the 16-bit and 256-bit instructions its kernels use beside it (gemm_vnni.cpp,
+// attention_dpbf16.h), which carry them in this target attribute.
+#define MINISGL_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has("avx512_bf16") && cpu_has("avx512_bw") && cpu_has("avx512_vl");
+  return has;
+}
+
 // Calls fn(m0, m1, nb0, nb1) for every unit of work, a chunk_m-row chunk of M by a run of the NB
 // column panels, on all threads at once, in one parallel region (the packed GEMMs: gemm.cpp,
 // gemm_int8_vnni.cpp). Threads take units one at a time from a shared counter instead of a fixed

@@ -35,8 +35,6 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
 
-#define MINISGL_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 struct Engines {
   bool avx512_bf16, amx_bf16, amx_fp16;
 };
@@ -46,7 +44,7 @@ const Engines& engines() {
   static const Engines e = [] {
     // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
     const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
-    return Engines{cpu_has("avx512_bf16"), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
+    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
   }();
   return e;
 }
