@@ -45,7 +45,7 @@ inline void transpose_key_words(const at::BFloat16* const* keys, int64_t n, uint
 // key in the block, a small GEMM with no horizontal sums.
 template <int ROWS, int kDim, int kBlock>
 MINISGL_AVX512_BF16 void score_tile_dpbf16(const at::BFloat16* q, const uint32_t* kw, float* scores, int64_t ld,
-                                         float scale) {
+                                           float scale) {
   constexpr int NV = kBlock / 16;  // vectors of 16 keys
   __m512 acc[ROWS][NV];
 #pragma GCC unroll 12
@@ -70,8 +70,9 @@ MINISGL_AVX512_BF16 void score_tile_dpbf16(const at::BFloat16* q, const uint32_t
   }
 }
 
-// acc[q] += p_t * v_t + p_u * v_u over 64 values of a head, for one row: x holds the two value
-// rows interleaved in 16-bit pairs (unpacklo/unpackhi of v_t and v_u), `word` the pair (p_t, p_u).
+// acc[i][q] += p_t * v_t + p_u * v_u over 64 values of a head, for each of ROWS rows: x holds the two
+// value rows interleaved in 16-bit pairs (unpacklo/unpackhi of v_t and v_u), words[i] row i's pair
+// (p_t, p_u).
 template <int ROWS>
 MINISGL_AVX512_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m512bh (&x)[4], const uint32_t* words) {
 #pragma GCC unroll 8
@@ -89,7 +90,7 @@ MINISGL_AVX512_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m
 // ...); two two-source permutes put them back in order at the store. An odd last key pairs with zeros.
 template <int ROWS>
 MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const at::BFloat16* v_piece,
-                                         int64_t v_stride, const int32_t* token_slots, float* out, int64_t d) {
+                                           int64_t v_stride, const int32_t* token_slots, float* out, int64_t d) {
   __m512 acc[ROWS][4];
 #pragma GCC unroll 8
   for (int i = 0; i < ROWS; ++i) {
