@@ -1,17 +1,19 @@
-"""One MoE layer's experts on CPU: packed once per expert (minisgl's path) against the plain weights.
+"""One MoE layer's experts on CPU: what the engine runs against the loop over experts it replaced.
 
     python benchmarks/bench_moe.py                       # a Qwen3-MoE-shaped layer, scaled to fit a laptop
     python benchmarks/bench_moe.py --experts 128 --hidden 2048 --intermediate 768 --top-k 8   # Qwen3-30B-A3B's
 
-UnquantizedFusedMoEMethod packs every expert's w13 and w2 after loading, as a dense layer's weight
-is packed (layers/linear.py pack_linear_weight): the VNNI layout for the matrix engines in bf16
-where the CPU has AVX512-BF16 or AMX, panels or oneDNN's blocked layout otherwise. This times the
-same loop over experts (fused_experts_native) three ways, alternated in one process:
+UnquantizedFusedMoEMethod packs the experts once after loading. Where the CPU has vdpbf16ps (or
+AMX) a bf16 layer's experts are stacked in the VNNI layout for fused_experts_cpu (kernels/cpu/moe.cpp),
+one C++ call for the whole layer; otherwise each expert gets the layout a dense layer of its shape
+gets (layers/linear.py pack_linear_weight) and fused_experts_native loops over the chosen experts
+in Python. This times, alternated in one process:
 
-- packed: what the engine runs;
-- plain, oneDNN: the expert matrices left as loaded, through apply_linear (oneDNN re-derives its
+- engine: UnquantizedFusedMoEMethod.apply, the fused kernel or the loop, whichever this CPU and dtype get;
+- loop, packed: fused_experts_native over the same packed matrices, expert by expert;
+- loop, oneDNN: the expert matrices left as loaded, through apply_linear (oneDNN re-derives its
   layout on every call) — what the engine ran before the experts were packed;
-- plain, F.linear: ATen's own linear (MKL's sgemm in float32).
+- loop, F.linear: ATen's own linear (MKL's sgemm in float32).
 
 Each --tokens count routes that many tokens by random router logits (top --top-k of --experts),
 so a decode batch touches few experts and a prefill chunk all of them. The weights are one layer's
@@ -58,28 +60,35 @@ def main() -> None:
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; features: {', '.join(sorted(cpu_features()))}; {torch.get_num_threads()} threads")
     print(f"{args.experts} experts, top {args.top_k}, hidden {args.hidden}, intermediate {args.intermediate}")
-    print("dtype    | tokens | packed ms | plain oneDNN ms | plain F.linear ms | oneDNN/packed | F.linear/packed")
+    print(
+        "dtype    | tokens | engine   | engine ms | loop packed ms | loop oneDNN ms | loop F.linear ms | "
+        "loop packed/engine | oneDNN/engine | F.linear/engine"
+    )
     for name in args.dtype:
         dtype = getattr(torch, name)
         layer, w13, w2 = make_layer(args.experts, args.hidden, args.intermediate, dtype)
+        method, fused = UnquantizedFusedMoEMethod(), isinstance(layer.w13_packed, torch.Tensor)
+        packed = (list(layer.w13_packed), list(layer.w2_packed))  # a stack's experts are VNNI views
         for tokens in args.tokens:
             g = torch.Generator().manual_seed(tokens)
             x = torch.randn(tokens, args.hidden, generator=g).to(dtype)
             weights, ids = torch.randn(tokens, args.experts, generator=g).softmax(-1).topk(args.top_k, dim=-1)
-            packed = (layer.w13_packed, layer.w2_packed)
             runs = {
+                "engine": lambda: method.apply(layer, x, weights, ids),
                 "packed": lambda: fused_experts_native(x, *packed, weights, ids, apply_linear),
                 "onednn": lambda: fused_experts_native(x, w13, w2, weights, ids, apply_linear),
                 "linear": lambda: fused_experts_native(x, w13, w2, weights, ids, F.linear),
             }
             ms = {k: [] for k in runs}
-            for _ in range(3):  # alternated, so a slow phase of the host hits all three
+            for _ in range(3):  # alternated, so a slow phase of the host hits all four
                 for k, fn in runs.items():
                     ms[k] += [t * 1e3 for t in timings(fn, args.reps)]
             best = {k: statistics.median(v) for k, v in ms.items()}
             print(
-                f"{name:8} | {tokens:6} | {best['packed']:9.3f} | {best['onednn']:15.3f} | {best['linear']:17.3f} | "
-                f"{best['onednn'] / best['packed']:12.2f}x | {best['linear'] / best['packed']:14.2f}x"
+                f"{name:8} | {tokens:6} | {'fused' if fused else 'loop':8} | {best['engine']:9.3f} | "
+                f"{best['packed']:14.3f} | {best['onednn']:14.3f} | {best['linear']:16.3f} | "
+                f"{best['packed'] / best['engine']:17.2f}x | {best['onednn'] / best['engine']:12.2f}x | "
+                f"{best['linear'] / best['engine']:14.2f}x"
             )
 
 

@@ -179,3 +179,11 @@ def test_two_models_of_one_class_in_one_process_keep_their_own_graphs(tiny_llama
 def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):
     with pytest.raises(ValueError, match="enable_torch_compile"):
         Engine(model_path=tiny_llama, enable_torch_compile=True, attention_backend="torch_native")
+
+
+def test_torch_compile_is_refused_for_an_moe_model_before_it_serves():
+    """At start-up, by name: a failed trace at the first decode would abort that batch's requests."""
+    from tests._models import tiny_model_dir
+
+    with pytest.raises(ValueError, match="does not trace MoE models"):
+        Engine(model_path=tiny_model_dir("mixtral"), max_total_tokens=512, enable_torch_compile=True)

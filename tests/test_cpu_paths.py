@@ -78,3 +78,39 @@ def test_cpu_chunks_prefill_by_default(tiny_llama):
     assert ServerArgs(model_path=tiny_llama, device="cpu").chunked_prefill_size == 2048
     assert ServerArgs(model_path=tiny_llama, device="cpu", chunked_prefill_size=64).chunked_prefill_size == 64
     assert ServerArgs(model_path=tiny_llama, device="cuda").chunked_prefill_size is None
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_bf16_moe_model_runs_the_fused_kernel_as_close_to_hf_as_the_loop(arch, monkeypatch):
+    """A bf16 MoE model's experts go to fused_experts_cpu where the CPU has the engine for it. Its
+    prefill logits must be as close to Hugging Face's float32 ones as the loop over experts gets
+    (both are bf16 models, so the other layers' rounding sets the distance)."""
+    from minisgl.layers.quantization import unquant
+    from tests._models import tiny_model_dir
+    from tests.test_parity_hf import PROMPTS, _capture_prefill_logits, _hf_model
+
+    if vnni_gemm_engine(torch.bfloat16) is None or not has_packed_gemm():
+        pytest.skip("fused_experts_cpu needs avx512_bf16 (or AMX), which this CPU lacks")
+    path = tiny_model_dir(arch)
+
+    def prefill_logits(fused: bool) -> tuple[torch.Tensor, list[list[int]]]:
+        if not fused:
+            monkeypatch.setattr(unquant, "_fused_experts_cpu_runs", lambda w13, w2: False)
+        engine = Engine(model_path=path, dtype="bfloat16", max_total_tokens=2048)
+        monkeypatch.undo()
+        model = engine.scheduler.tp_worker.model_runner.model
+        experts = [m.w13_packed for m in model.modules() if hasattr(m, "w13_packed")]
+        assert experts and all(isinstance(w, torch.Tensor) == fused for w in experts)  # a stack only when fused
+        prompt_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
+        captured = _capture_prefill_logits(engine)
+        engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": 1})
+        return captured[0].float(), prompt_ids
+
+    fused, prompt_ids = prefill_logits(fused=True)
+    loop, _ = prefill_logits(fused=False)
+    hf = _hf_model(path)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([ids])).logits[0, -1] for ids in prompt_ids])
+    fused_err, loop_err = (fused - ref).abs().max(), (loop - ref).abs().max()
+    assert fused_err <= 1.25 * loop_err, f"fused kernel {fused_err:.3f} from HF, the loop {loop_err:.3f}"
+    assert F.cosine_similarity(fused, ref, dim=-1).min() > 0.99

@@ -34,6 +34,7 @@ from minisgl.eplb.expert_location import compute_initial_expert_location_metadat
 from minisgl.layers.attention.attention_registry import ATTENTION_BACKENDS
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.logits_processor import LogitsProcessorOutput
+from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
 from minisgl.layers.moe.routed_experts_capturer import (
     RoutedExpertsCapturer,
     get_global_experts_capturer,
@@ -303,6 +304,11 @@ class ModelRunner:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
         elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
+        elif any(isinstance(m, FusedMoE) for m in self.model.modules()):
+            # Refused here rather than at the first decode, where the failed trace aborts the batch:
+            # the loop over experts reads the routing on the host (.tolist()), and a router too
+            # narrow for a packed panel goes to a oneDNN call inductor cannot lower.
+            raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MoE models in minisgl")
         else:
             from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 

@@ -73,9 +73,12 @@ def test_moe_align_block_size():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("intermediate", [64, 40])  # 2I = 128 packs; 2I = 80 is no multiple of a panel
 def test_cpu_moe_method_packs_every_expert(dtype, intermediate):
-    """UnquantizedFusedMoEMethod on CPU: each expert packed once as a dense layer is, then the loop."""
+    """UnquantizedFusedMoEMethod on CPU: the experts packed once, stacked for fused_experts_cpu where
+    it runs (bf16 on the matrix engines, I a multiple of 32), else each as a dense layer of its shape
+    is, for the loop over experts; no plain copy kept either way."""
     from torch import nn
 
+    from minisgl.kernels.cpu.features import vnni_gemm_engine
     from minisgl.layers.linear import pack_linear_weight
     from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
@@ -86,9 +89,14 @@ def test_cpu_moe_method_packs_every_expert(dtype, intermediate):
     layer.w2_weight.data.copy_(case["w2"])
     method.process_weights_after_loading(layer)
     assert not hasattr(layer, "w13_weight") and not hasattr(layer, "w2_weight")  # no second copy kept
-    for packed, w in zip(layer.w13_packed + layer.w2_packed, [*case["w1"], *case["w2"]]):
+    fused = dtype == torch.bfloat16 and intermediate % 32 == 0 and vnni_gemm_engine(dtype) is not None
+    assert isinstance(layer.w13_packed, torch.Tensor) == fused
+    experts = [*layer.w13_packed, *layer.w2_packed]  # a stack's experts are each one's VNNI layout
+    for packed, w in zip(experts, [*case["w1"], *case["w2"]]):
         expected = pack_linear_weight(w)  # the layout a dense layer of this shape and dtype gets here
         assert packed.is_mkldnn == expected.is_mkldnn and packed.shape == expected.shape
+        if fused:
+            assert torch.equal(packed, expected)
     out = method.apply(layer, case["hidden_states"], case["topk_weights"], case["topk_ids"])
     assert out.dtype == dtype
     tol = TOLERANCE[dtype]

@@ -156,6 +156,19 @@ inline bool cpu_has_avx512_bf16() {
   return has;
 }
 
+// Calls fn(u) for every u in [0, units), on all threads at once in one parallel region, each thread
+// taking the next u from a shared counter (why, below at for_each_unit); then after() once on every
+// thread that took part (where a thread releases its AMX tiles: moe.cpp).
+template <typename Fn, typename After = void (*)()>
+void for_each_index(int64_t units, Fn&& fn, After&& after = [] {}) {
+  if (units <= 0) return;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
+    for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) fn(u);
+    after();
+  });
+}
+
 // Calls fn(m0, m1, nb0, nb1) for every unit of work, a chunk_m-row chunk of M by a run of the NB
 // column panels, on all threads at once, in one parallel region (the packed GEMMs: gemm.cpp,
 // gemm_int8_vnni.cpp). Threads take units one at a time from a shared counter instead of a fixed
@@ -171,13 +184,10 @@ void for_each_unit(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn) {
   const int64_t chunks = (M + chunk_m - 1) / chunk_m, threads = at::get_num_threads();
   const int64_t wanted = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));  // per chunk
   const int64_t panels_per_unit = (NB + wanted - 1) / wanted;
-  const int64_t units_per_chunk = (NB + panels_per_unit - 1) / panels_per_unit, units = chunks * units_per_chunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
-    for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
-      const int64_t m0 = u / units_per_chunk * chunk_m, nb0 = u % units_per_chunk * panels_per_unit;
-      fn(m0, std::min(M, m0 + chunk_m), nb0, std::min(NB, nb0 + panels_per_unit));
-    }
+  const int64_t units_per_chunk = (NB + panels_per_unit - 1) / panels_per_unit;
+  for_each_index(chunks * units_per_chunk, [&](int64_t u) {
+    const int64_t m0 = u / units_per_chunk * chunk_m, nb0 = u % units_per_chunk * panels_per_unit;
+    fn(m0, std::min(M, m0 + chunk_m), nb0, std::min(NB, nb0 + panels_per_unit));
   });
 }
 

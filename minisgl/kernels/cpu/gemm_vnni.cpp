@@ -1,87 +1,34 @@
 // 16-bit GEMM on the CPU's matrix engines, for weights packed in the VNNI layout (mirrors
 // sgl-kernel/csrc/cpu/gemm.cpp: convert_weight_packed, tinygemm_kernel_nn, brgemm, can_use_brgemm).
 //
-// y[M, N] = x[M, K] W[N, K]^T + bias with x, W, y and bias all bf16 (or all fp16). The weight is packed
-// once as [N / 32][K / 2][32][2]: per panel of 32 output columns, one k-pair of every column sits in
-// 32 bits, which is what both engines read:
-//   - AVX512-BF16: vdpbf16ps multiplies 16 such pairs by one broadcast pair of x and adds both
-//     products into 16 float32 lanes (tile_dpbf16; sgl-kernel's tinygemm_kernel_nn);
-//   - AMX: at::native::cpublas::brgemm hands a block of rows and a panel to oneDNN's brgemm
-//     ukernel, which multiplies them with tile instructions into a float32 scratch (sgl-kernel's
-//     brgemm<>), and the scratch is rounded to the output dtype with the bias added.
-// As in sgl-kernel, brgemm takes M > 4 rows for bf16 (below that, setting up the tiles costs more
-// than vdpbf16ps) and every M for fp16 (which has no vdpbf16ps counterpart; AMX-FP16 only).
+// y[M, N] = x[M, K] W[N, K]^T + bias with x, W, y and bias all bf16 (or all fp16). The layout, the
+// vdpbf16ps tile and the choice between it and AMX's brgemm are gemm_vnni.h's (shared with moe.cpp).
+// Rounding to bf16 happens once, at the store (vcvtne2ps2bf16 rounds to nearest even, as
+// .to(torch.bfloat16) does).
 //
 // Which engine runs is decided per call from the CPU's features (at::cpu::get_cpu_capabilities,
 // the same table torch._C._cpu._get_cpu_capability() shows). The AVX-512 functions carry their ISA
 // in a target attribute instead of the file's flags, so this file is compiled into every build,
 // AVX2 included, and its code is only executed where the CPU has the feature.
 #include <ATen/cpu/Utils.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
-#include "common.h"
+#include "gemm_vnni.h"
 
 namespace minisgl {
 namespace {
 
-constexpr int64_t VNNI_BLOCK_N = 32;  // columns per panel: two zmm registers of float32 results
-constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 16 rows)
-// Rows per vdpbf16ps tile: 16 accumulators. sgl-kernel tiles 1-4 rows (8 accumulators); on an AVX-512
-// AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
-// since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
-constexpr int DPBF16_ROWS = 8;
-
-struct Engines {
-  bool avx512_bf16, amx_bf16, amx_fp16;
-};
-
-// Asked once: the answer cannot change while the process runs.
-const Engines& engines() {
-  static const Engines e = [] {
-    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
-    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
-    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
-  }();
-  return e;
-}
-
-// 16 bf16 values widened to float32 (exact): the bias, as the accumulators' starting value.
-MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-
-// C[ROWS, 32] = A[ROWS, K] panel + bias, by vdpbf16ps. Every k-step loads one 32-bit pair of A per
-// row (broadcast to all lanes) and the panel's 64 values for that pair; rounding to bf16 happens once,
-// at the store (vcvtne2ps2bf16 rounds to nearest even, as .to(torch.bfloat16) does).
+// out[r, 0:32] = rows [0, ROWS) of A times one panel + bias, rounded to bf16.
 template <int ROWS>
-MINISGL_AVX512_BF16 void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
-                                     at::BFloat16* C, int64_t ldc, const at::BFloat16* bias) {
-  __m512 c0[ROWS], c1[ROWS];
+MINISGL_AVX512_BF16 void tile_dpbf16_store(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
+                                           at::BFloat16* C, int64_t ldc, const at::BFloat16* bias) {
   const __m512 b0 = bias ? bf16_to_f32(bias) : _mm512_setzero_ps();
   const __m512 b1 = bias ? bf16_to_f32(bias + 16) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int r = 0; r < ROWS; ++r) {
-    c0[r] = b0;
-    c1[r] = b1;
-  }
-  for (int64_t k2 = 0; k2 < K / 2; ++k2) {
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N);
-    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N + VNNI_BLOCK_N);
-#pragma GCC unroll 8
-    for (int r = 0; r < ROWS; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, A + r * lda + 2 * k2, sizeof(pair));  // x[r, 2 k2] and x[r, 2 k2 + 1]
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-      c0[r] = _mm512_dpbf16_ps(c0[r], a, w0);
-      c1[r] = _mm512_dpbf16_ps(c1[r], a, w1);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < ROWS; ++r) _mm512_storeu_si512(C + r * ldc, (__m512i)_mm512_cvtne2ps_pbh(c1[r], c0[r]));
+  tile_dpbf16<ROWS>(A, lda, panel, K, b0, b1, [&](int r, __m512 lo, __m512 hi) MINISGL_AVX512_BF16 {
+    _mm512_storeu_si512(C + r * ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  });
 }
 
 // out[m, 0:32] = scratch[m, 0:32] + bias, rounded to bf16 or fp16, for the brgemm path.
@@ -127,7 +74,7 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
       } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
         for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
           with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
-            tile_dpbf16<R>(A + (m0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias);
+            tile_dpbf16_store<R>(A + (m0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias);
           });
         }
       }
@@ -139,16 +86,20 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
 }  // namespace
 
 // W [N, K] -> [N / 32, K / 2, 32, 2]: pure layout, runs on any CPU. The 4-D shape is how
-// weight_packed_linear (and apply_linear) tell this layout from the float32-panel one.
+// weight_packed_linear (and apply_linear) tell this layout from the float32-panel one. A stack of
+// experts' weights [E, N, K] packs to [E, N / 32, K / 2, 32, 2], each expert as its own [N, K] would
+// (what fused_experts_cpu reads; moe.cpp).
 at::Tensor convert_weight_packed_vnni(const at::Tensor& weight) {
   CHECK_CPU(weight);
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf,
               "convert_weight_packed_vnni: expects a bfloat16 or float16 weight, got ", weight.scalar_type());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % VNNI_BLOCK_N == 0 && weight.size(1) % 2 == 0,
-              "convert_weight_packed_vnni: expects [N, K] with N a multiple of ", VNNI_BLOCK_N,
+  const int64_t d = weight.dim();
+  TORCH_CHECK((d == 2 || d == 3) && weight.size(d - 2) % VNNI_BLOCK_N == 0 && weight.size(d - 1) % 2 == 0,
+              "convert_weight_packed_vnni: expects [N, K] or [E, N, K] with N a multiple of ", VNNI_BLOCK_N,
               " and K even, got ", weight.sizes());
-  const int64_t N = weight.size(0), K = weight.size(1);
-  return weight.reshape({N / VNNI_BLOCK_N, VNNI_BLOCK_N, K / 2, 2}).transpose(1, 2).contiguous();
+  const int64_t E = d == 3 ? weight.size(0) : 1, N = weight.size(d - 2), K = weight.size(d - 1);
+  auto packed = weight.reshape({E, N / VNNI_BLOCK_N, VNNI_BLOCK_N, K / 2, 2}).transpose(2, 3).contiguous();
+  return d == 3 ? packed : packed.squeeze(0);
 }
 
 at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& mat2,

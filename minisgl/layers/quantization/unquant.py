@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from minisgl.kernels.cpu import has_packed_gemm
+from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers.linear import apply_linear, pack_linear_weight
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
@@ -59,23 +61,48 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.w13_weight.weight_loader = layer.w2_weight.weight_loader = extra_weight_attrs["weight_loader"]
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        # On CPU every expert's two matrices are packed once, as a dense layer's are, so each runs
-        # on the GEMM apply_linear picks for its dtype (the matrix engines' VNNI layout for bf16
-        # where the CPU has AVX512-BF16 or AMX). Left plain, oneDNN re-derived its layout on every
-        # call. SGLang packs them too (_amx_process_weight_after_loading), for its fused CPU MoE
-        # kernel; minisgl keeps the loop over experts and lists the packed matrices by expert id.
+        # On CPU every expert's two matrices are packed once, as a dense layer's are (SGLang's
+        # _amx_process_weight_after_loading does the same for its fused CPU kernel). Where
+        # fused_experts_cpu runs (bf16 on the matrix engines), each stack [E, N, K] is packed whole
+        # into the VNNI layout; elsewhere each expert gets the layout apply_linear picks for its
+        # dtype, in a list by expert id, for the loop over experts. Left plain, oneDNN re-derived
+        # its layout on every call.
         if layer.w13_weight.is_cuda:
             return  # the Triton kernel reads the stacked [E, N, K] tensors
+        fused = _fused_experts_cpu_runs(layer.w13_weight.data, layer.w2_weight.data)
         for name in ("w13", "w2"):
             weights = getattr(layer, f"{name}_weight").data
             delattr(layer, f"{name}_weight")
-            setattr(layer, f"{name}_packed", [pack_linear_weight(w) for w in weights])
+            if fused:
+                packed = torch.ops.minisgl_kernel.convert_weight_packed_vnni(weights)
+            else:
+                packed = [pack_linear_weight(w) for w in weights]
+            setattr(layer, f"{name}_packed", packed)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        # The grouped Triton kernel on the GPU; on the CPU the loop over experts is faster
-        # than the interpreted kernel (which the kernel tests run against this loop).
+        # The grouped Triton kernel on the GPU; on the CPU the C++ fused kernel where the experts
+        # were stacked for it, else the loop over experts (faster than the interpreted Triton kernel,
+        # which the kernel tests run against this loop).
         if x.is_cuda:
             return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+        if isinstance(layer.w13_packed, torch.Tensor):
+            return torch.ops.minisgl_kernel.fused_experts_cpu(
+                x, layer.w13_packed, layer.w2_packed, topk_weights, topk_ids
+            )
         return fused_experts_native(x, layer.w13_packed, layer.w2_packed, topk_weights, topk_ids, apply_linear)
+
+
+def _fused_experts_cpu_runs(w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether minisgl's fused_experts_cpu (kernels/cpu/moe.cpp) takes these experts: bf16 on a CPU
+    with vdpbf16ps (or AMX), the intermediate size I and the hidden size H multiples of its 32-column
+    panels (a gate panel pairs with the up panel I columns on)."""
+    inter, hidden = w2.shape[2], w2.shape[1]
+    return (
+        w13.dtype == torch.bfloat16
+        and has_packed_gemm()
+        and vnni_gemm_engine(torch.bfloat16) is not None
+        and inter % 32 == 0
+        and hidden % 32 == 0
+    )

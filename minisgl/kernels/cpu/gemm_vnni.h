@@ -1,0 +1,99 @@
+// The bf16 tile of the VNNI GEMM, shared by the dense GEMM (gemm_vnni.cpp) and the fused MoE
+// (moe.cpp), as sgl-kernel's gemm.h shares tinygemm_kernel and the block sizes with its moe.cpp.
+//
+// A weight packed for the matrix engines is [N / 32][K / 2][32][2]: per panel of 32 output columns,
+// one k-pair of every column sits in 32 bits, which is what both engines read:
+//   - AVX512-BF16: vdpbf16ps multiplies 16 such pairs by one broadcast pair of x and adds both
+//     products into 16 float32 lanes (tile_dpbf16; sgl-kernel's tinygemm_kernel_nn);
+//   - AMX: at::native::cpublas::brgemm hands a block of rows and a panel to oneDNN's brgemm
+//     ukernel, which multiplies them with tile instructions into a float32 scratch (sgl-kernel's
+//     brgemm<>). As in sgl-kernel, brgemm takes M > 4 rows for bf16 (below that, setting up the
+//     tiles costs more than vdpbf16ps) and every M for fp16 (AMX-FP16 only).
+#pragma once
+
+#include <ATen/native/CPUBlas.h>
+
+#include <cstring>
+
+#include "common.h"
+
+namespace minisgl {
+
+constexpr int64_t VNNI_BLOCK_N = 32;  // columns per panel: two zmm registers of float32 results
+constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 16 rows)
+// Rows per vdpbf16ps tile: 16 accumulators. sgl-kernel tiles 1-4 rows (8 accumulators); on an AVX-512
+// AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
+// since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
+constexpr int DPBF16_ROWS = 8;
+
+struct Engines {
+  bool avx512_bf16, amx_bf16, amx_fp16;
+};
+
+// Asked once: the answer cannot change while the process runs.
+inline const Engines& engines() {
+  static const Engines e = [] {
+    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
+    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
+    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
+  }();
+  return e;
+}
+
+// 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
+MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// Rows [0, ROWS) of A[ROWS, K] times one panel, by vdpbf16ps, starting from (init0, init1) in every
+// row; then store(r, lo, hi) for each row with its 32 float32 results (columns 0-15 and 16-31). Every
+// k-step loads one 32-bit pair of A per row (broadcast to all lanes) and the panel's 64 values for
+// that pair. The store is inlined after the loop, so the accumulators stay in registers.
+template <int ROWS, typename Store>
+MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
+                                            __m512 init0, __m512 init1, Store&& store) {
+  __m512 c0[ROWS], c1[ROWS];
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) {
+    c0[r] = init0;
+    c1[r] = init1;
+  }
+  for (int64_t k2 = 0; k2 < K / 2; ++k2) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N + VNNI_BLOCK_N);
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, A + r * lda + 2 * k2, sizeof(pair));  // x[r, 2 k2] and x[r, 2 k2 + 1]
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      c0[r] = _mm512_dpbf16_ps(c0[r], a, w0);
+      c1[r] = _mm512_dpbf16_ps(c1[r], a, w1);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) store(r, c0[r], c1[r]);
+}
+
+// scratch[r, 0:32] = rows [0, rows) of A times one panel, in float32, on whichever engine this CPU
+// has for bf16 (brgemm with AMX from 5 rows, else vdpbf16ps): for callers with their own epilogue.
+// rows <= VNNI_BLOCK_M; a thread that used brgemm calls at::native::cpublas::brgemm_release() when done.
+MINISGL_AVX512_BF16 inline void panel_to_scratch(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel,
+                                                 int64_t rows, int64_t K, bool use_brgemm, float* scratch) {
+  if (use_brgemm) {
+    at::native::cpublas::brgemm(rows, VNNI_BLOCK_N, K, lda, VNNI_BLOCK_N, VNNI_BLOCK_N, /*add_C=*/false, A, panel,
+                                scratch);
+    return;
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t r0 = 0; r0 < rows; r0 += DPBF16_ROWS) {
+    float* out = scratch + r0 * VNNI_BLOCK_N;
+    with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r0), [&]<int R>() MINISGL_AVX512_BF16 {
+      tile_dpbf16<R>(A + r0 * lda, lda, panel, K, zero, zero, [&](int r, __m512 lo, __m512 hi) MINISGL_AVX512_BF16 {
+        _mm512_storeu_ps(out + r * VNNI_BLOCK_N, lo);
+        _mm512_storeu_ps(out + r * VNNI_BLOCK_N + 16, hi);
+      });
+    });
+  }
+}
+
+}  // namespace minisgl
