@@ -73,11 +73,12 @@ def test_moe_align_block_size():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("intermediate", [64, 40])  # 2I = 128 packs; 2I = 80 is no multiple of a panel
 def test_cpu_moe_method_packs_every_expert(dtype, intermediate):
-    """UnquantizedFusedMoEMethod on CPU: the experts packed once, stacked for fused_experts_cpu where
-    it runs (bf16 on the matrix engines, I a multiple of 32), else each as a dense layer of its shape
-    is, for the loop over experts; no plain copy kept either way."""
+    """UnquantizedFusedMoEMethod on CPU: each stack of experts packed whole for fused_experts_cpu where
+    I and H are multiples of its panels (the VNNI layout for bf16 on the matrix engines, else float
+    panels), else each expert as a dense layer of its shape is, for the loop; no plain copy kept."""
     from torch import nn
 
+    from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
     from minisgl.kernels.cpu.features import vnni_gemm_engine
     from minisgl.layers.linear import pack_linear_weight
     from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
@@ -89,14 +90,16 @@ def test_cpu_moe_method_packs_every_expert(dtype, intermediate):
     layer.w2_weight.data.copy_(case["w2"])
     method.process_weights_after_loading(layer)
     assert not hasattr(layer, "w13_weight") and not hasattr(layer, "w2_weight")  # no second copy kept
-    fused = dtype == torch.bfloat16 and intermediate % 32 == 0 and vnni_gemm_engine(dtype) is not None
+    vnni = dtype == torch.bfloat16 and vnni_gemm_engine(dtype) is not None
+    fused = has_packed_gemm() and intermediate % (32 if vnni else packed_gemm_block_n()) == 0
     assert isinstance(layer.w13_packed, torch.Tensor) == fused
-    experts = [*layer.w13_packed, *layer.w2_packed]  # a stack's experts are each one's VNNI layout
-    for packed, w in zip(experts, [*case["w1"], *case["w2"]]):
-        expected = pack_linear_weight(w)  # the layout a dense layer of this shape and dtype gets here
-        assert packed.is_mkldnn == expected.is_mkldnn and packed.shape == expected.shape
-        if fused:
-            assert torch.equal(packed, expected)
+    ops = torch.ops.minisgl_kernel
+    for packed, w in zip([*layer.w13_packed, *layer.w2_packed], [*case["w1"], *case["w2"]]):
+        if fused:  # a stack's experts are each one's own layout
+            assert torch.equal(packed, ops.convert_weight_packed_vnni(w) if vnni else ops.convert_weight_packed(w))
+        else:  # the layout a dense layer of this shape and dtype gets here
+            expected = pack_linear_weight(w)
+            assert packed.is_mkldnn == expected.is_mkldnn and packed.shape == expected.shape
     out = method.apply(layer, case["hidden_states"], case["topk_weights"], case["topk_ids"])
     assert out.dtype == dtype
     tol = TOLERANCE[dtype]

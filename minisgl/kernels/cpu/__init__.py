@@ -67,7 +67,15 @@ _SOURCES = [
     "gemm_gguf_vnni.cpp",
     "torch_extension_cpu.cpp",
 ]
-_HEADERS = ["common.h", "attention_args.h", "attention_dpbf16.h", "attention.h", "gemm_vnni.h", "gguf_blocks.h"]
+_HEADERS = [
+    "common.h",
+    "attention_args.h",
+    "attention_dpbf16.h",
+    "attention.h",
+    "gemm.h",
+    "gemm_vnni.h",
+    "gguf_blocks.h",
+]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {
     "AVX512": [

@@ -23,17 +23,11 @@
 // one omits: int8/fp8 weights.
 #include <optional>
 
-#include "common.h"
+#include "gemm.h"
 
 namespace minisgl {
 namespace {
 
-using fVec = at::vec::Vectorized<float>;
-constexpr int64_t VLEN = fVec::size();  // 16 floats with AVX-512, 8 with AVX2
-constexpr int64_t BLOCK_N = 2 * VLEN;   // columns per panel: two registers
-// Rows per tile: 2 x MAX_ROWS accumulators, 2 weight registers and 1 broadcast fit in the 32 zmm
-// registers of AVX-512 (12 rows: 27) or the 16 ymm of AVX2 (6 rows: 15).
-constexpr int MAX_ROWS = VLEN == 16 ? 12 : 6;
 // Large M (prefill) goes in chunks of 128 rows: all tiles of a chunk re-read a panel while it is
 // still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
 // too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
@@ -44,61 +38,6 @@ constexpr int64_t CHUNK_M = 128;
 // one. Alternated with the units over SmolLM2's 120 float32 GEMMs at one row, weights from memory,
 // on an AVX-512 AMD EPYC: 4-18% less time in each of five comparisons (bf16 panels and 4 rows too).
 constexpr int64_t STREAM_ROWS = 4;
-
-// One k-step of a panel (BLOCK_N weights) as two float32 registers. A 16-bit half is widened as it
-// is loaded (vpmovzxwd + a shift for bf16, vcvtph2ps for fp16, both reading memory directly):
-// loading the whole register and splitting it first cost an extra shuffle per k-step.
-template <typename w_t>
-inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
-  return {load_float(p), load_float(p + VLEN)};
-}
-
-// Stores BLOCK_N float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to()
-// does) straight from the registers, with the conversion store_row (common.h) uses.
-template <typename out_t>
-inline void store_panel_row(out_t* dst, fVec lo, fVec hi) {
-  if constexpr (std::is_same_v<out_t, float>) {
-    lo.store(dst);
-    hi.store(dst + VLEN);
-  } else {
-    at::vec::convert_from_float<out_t>(lo, hi).store(dst);
-  }
-}
-
-// C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
-// accumulators are registers. Meanwhile, k-step k prefetches the 128 bytes at
-// `next + (k * next_step >> 16)` (16.16 fixed point, in bytes: a tile shares its panel's prefetch
-// work with the others, see gemm_rows). Kept out of line: inlined into gemm_rows, all heights at
-// once, it measured about 5% slower.
-template <int ROWS, typename w_t, typename out_t>
-__attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const w_t* __restrict B, int64_t K,
-                                    out_t* __restrict C, int64_t ldc, const out_t* __restrict bias, const char* next,
-                                    int64_t next_step) {
-  Reg c0[ROWS], c1[ROWS];
-  const Reg b_lo = bias ? load_float(bias) : fVec(0.f);
-  const Reg b_hi = bias ? load_float(bias + VLEN) : fVec(0.f);
-#pragma GCC unroll 12
-  for (int i = 0; i < ROWS; ++i) {
-    c0[i] = b_lo;
-    c1[i] = b_hi;
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    const auto [b0, b1] = load_panel_row(B + k * BLOCK_N);
-    if (next) {  // into L2 (T1): L1 is too small to hold it until its turn
-      const char* line = next + ((k * next_step) >> 16);
-      _mm_prefetch(line, _MM_HINT_T1);
-      _mm_prefetch(line + 64, _MM_HINT_T1);
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < ROWS; ++i) {
-      const fVec a(A[i * lda + k]);
-      c0[i] = at::vec::fmadd(a, b0, fVec(c0[i]));
-      c1[i] = at::vec::fmadd(a, b1, fVec(c1[i]));
-    }
-  }
-#pragma GCC unroll 12
-  for (int i = 0; i < ROWS; ++i) store_panel_row(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
-}
 
 // Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB. Within a panel the rows go in tiles
 // of nearly equal height (64 rows with AVX-512: 11, 11, 11, 11, 10, 10). Tile t of T prefetches the
@@ -142,16 +81,19 @@ void with_weight_type(at::ScalarType weight, Fn&& fn) {
 }  // namespace
 
 // W [N, K] -> panels [N / BLOCK_N, K, BLOCK_N] in W's own dtype. The 3-D shape is how apply_linear
-// tells a packed weight from a plain one.
+// tells a packed weight from a plain one. A stack of experts' weights [E, N, K] packs to
+// [E, N / BLOCK_N, K, BLOCK_N], each expert as its own [N, K] would (what fused_experts_cpu reads).
 at::Tensor convert_weight_packed(const at::Tensor& weight) {
   CHECK_CPU(weight);
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % BLOCK_N == 0,
-              "convert_weight_packed: expects [N, K] with N a multiple of ", BLOCK_N, ", got ", weight.sizes());
+  const int64_t d = weight.dim();
+  TORCH_CHECK((d == 2 || d == 3) && weight.size(d - 2) % BLOCK_N == 0, "convert_weight_packed: expects [N, K] or ",
+              "[E, N, K] with N a multiple of ", BLOCK_N, ", got ", weight.sizes());
   const auto dtype = weight.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
               "convert_weight_packed: expects a float32, bfloat16 or float16 weight, got ", dtype);
-  const int64_t N = weight.size(0), K = weight.size(1);
-  return weight.reshape({N / BLOCK_N, BLOCK_N, K}).transpose(1, 2).contiguous();
+  const int64_t E = d == 3 ? weight.size(0) : 1, N = weight.size(d - 2), K = weight.size(d - 1);
+  auto packed = weight.reshape({E, N / BLOCK_N, BLOCK_N, K}).transpose(2, 3).contiguous();
+  return d == 3 ? packed : packed.squeeze(0);
 }
 
 at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& mat2,

@@ -1,4 +1,4 @@
-// Fused MoE for bf16 experts packed for the matrix engines (mirrors sgl-kernel/csrc/cpu/moe.cpp:
+// Fused MoE for experts packed for minisgl's GEMMs (mirrors sgl-kernel/csrc/cpu/moe.cpp:
 // fused_experts_cpu, its moe_align_block_size, and silu_and_mul fused into the first GEMM).
 //
 //   out[t] = sum_j w[t, j] * W2[e] (silu(W1[e] x[t]) * W3[e] x[t]),  e = topk_ids[t, j]
@@ -8,26 +8,61 @@
 //   1. route: the T * k (token, slot) pairs sorted by expert (a counting sort) and cut into blocks
 //      of at most BLOCK_M pairs of one expert; each pair's token row is copied into place, so that
 //      a block's rows lie next to each other (the Triton kernel reads them through the sorted ids);
-//   2. gate and up: for each (block, panel of 32 of the I intermediate columns), the gate panel and
-//      its up panel (I columns further on in W13) into float32, then silu(gate) * up, rounded once to
-//      bf16, into act [T * k, I] in sorted order;
-//   3. down: for each (block, panel of 32 of the H output columns), act's rows times W2's panel, times
-//      the pair's routing weight, in float32 into y at the pair's own place t * k + j;
-//   4. out[t] = y[t * k] + ... + y[t * k + k - 1], rounded to bf16.
-// Steps 2 and 3 multiply on gemm_vnni.h's engines (AMX's brgemm where blocks average more than 4
-// rows and the CPU has it, vdpbf16ps otherwise), units taken from a shared counter (for_each_index).
-// sgl-kernel keeps y in bf16 and gathers a block's rows per thread; this keeps y in float32 (one
-// rounding at the end) and gathers them once. Omitted: int8, fp8 and int4 experts, fp16, the shared
-// expert kernel, and writing the result in place.
+//   2. gate and up: for each (block, panel of the I intermediate columns), the gate panel and its
+//      up panel (I columns further on in W13) into float32, then silu(gate) * up, into act [T * k, I]
+//      in sorted order;
+//   3. down: for each (block, panel of the H output columns), act's rows times W2's panel, times the
+//      pair's routing weight, in float32 into y at the pair's own place t * k + j;
+//   4. out[t] = y[t * k] + ... + y[t * k + k - 1], rounded to the model dtype.
+// The experts come in one of the two layouts a dense weight may have, and each block meets a panel
+// through that layout's own tile: bf16 in the matrix engines' VNNI layout (gemm_vnni.h: vdpbf16ps, or
+// AMX's brgemm where blocks average more than 4 rows), or float panels in any dtype (gemm.h: FMA,
+// activations widened to float32 once, on every CPU the kernels build on). sgl-kernel takes bf16,
+// fp16, int8, fp8 and int4 experts, keeps y in the model dtype and gathers a block's rows per thread;
+// this keeps y in float32 (one rounding at the end) and gathers them once. Omitted: quantized
+// experts, the shared expert kernel, and writing the result in place.
 #include <optional>
 #include <vector>
 
+#include "gemm.h"
 #include "gemm_vnni.h"
 
 namespace minisgl {
 namespace {
 
-constexpr int64_t BLOCK_M = VNNI_BLOCK_M;  // pairs per block: one brgemm call
+constexpr int64_t BLOCK_M = 32;  // pairs per block: one brgemm call (VNNI_BLOCK_M), three FMA tiles
+static_assert(BLOCK_M == VNNI_BLOCK_M);
+
+// bf16 experts in the VNNI layout [N / 32, K / 2, 32, 2]: a block's rows (bf16) times one panel.
+struct VnniExperts {
+  using a_t = at::BFloat16;  // what the tile reads as activations
+  using w_t = at::BFloat16;
+  static constexpr int64_t width = VNNI_BLOCK_N;
+  bool use_brgemm;
+  void multiply(const a_t* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch) const {
+    panel_to_scratch(A, lda, panel, rows, K, use_brgemm, scratch);
+  }
+  void release() const {
+    if (use_brgemm) at::native::cpublas::brgemm_release();
+  }
+};
+
+// Experts in float panels [N / BLOCK_N, K, BLOCK_N] of any dtype: a block's rows (float32) times one panel.
+template <typename W>
+struct PanelExperts {
+  using a_t = float;
+  using w_t = W;
+  static constexpr int64_t width = BLOCK_N;
+  void multiply(const float* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch) const {
+    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+      with_rows<MAX_ROWS>(std::min<int64_t>(MAX_ROWS, rows - r0), [&]<int R>() {
+        tile<R>(A + r0 * lda, lda, panel, K, scratch + r0 * width, width, static_cast<const float*>(nullptr),
+                nullptr, 0);
+      });
+    }
+  }
+  void release() const {}
+};
 
 struct Block {
   int64_t expert, start, rows;  // rows [start, start + rows) of the sorted pairs
@@ -52,119 +87,149 @@ std::vector<Block> route(const int64_t* ids, int64_t pairs, int64_t E, std::vect
   return blocks;
 }
 
-// act[r, 0:32] = silu(gate[r]) * up[r] for a block's rows, from float32 scratch rows of 32.
-void silu_and_mul_rows(const float* gate, const float* up, int64_t rows, at::BFloat16* act, int64_t ld) {
-  using Vec = at::vec::Vectorized<float>;
-  alignas(64) float buf[VNNI_BLOCK_N];
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < VNNI_BLOCK_N; c += Vec::size()) {
-      const Vec g = Vec::loadu(gate + r * VNNI_BLOCK_N + c), u = Vec::loadu(up + r * VNNI_BLOCK_N + c);
-      (g / (Vec(1.f) + g.neg().exp()) * u).store(buf + c);
-    }
-    store_row(buf, act + r * ld, VNNI_BLOCK_N);
+// dst[0:n] = src[0:n] as T (a float32 row is stored as is: store_row leaves float32 to its caller).
+template <typename T>
+void store_floats(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy_n(src, n, dst);
+  } else {
+    store_row(src, dst, n);
   }
 }
 
-}  // namespace
+// act[r, 0:width] = silu(gate[r]) * up[r] for a block's rows, from float32 scratch rows of `width`.
+template <int64_t width, typename a_t>
+void silu_and_mul_rows(const float* gate, const float* up, int64_t rows, a_t* act, int64_t ld) {
+  alignas(64) float buf[width];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < width; c += fVec::size()) {
+      const fVec g = fVec::loadu(gate + r * width + c), u = fVec::loadu(up + r * width + c);
+      (g / (fVec(1.f) + g.neg().exp()) * u).store(buf + c);
+    }
+    store_floats(buf, act + r * ld, width);
+  }
+}
 
-// hidden_states [T, H] bf16; w13 [E, 2I / 32, H / 2, 32, 2] and w2 [E, H / 32, I / 2, 32, 2], bf16 from
-// convert_weight_packed_vnni on the stacked [E, 2I, H] (gate rows, then up rows) and [E, H, I];
-// topk_weights [T, k] (float32, or any float dtype) and topk_ids [T, k] (int32 or int64).
-at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w2,
-                             const at::Tensor& topk_weights, const at::Tensor& topk_ids) {
-  CHECK_INPUT(hidden_states);
-  CHECK_INPUT(w13);
-  CHECK_INPUT(w2);
-  TORCH_CHECK(hidden_states.dim() == 2 && hidden_states.scalar_type() == at::kBFloat16,
-              "fused_experts_cpu: hidden_states must be [T, H] bfloat16, got ", hidden_states.dim(), "-D ",
-              hidden_states.scalar_type());
-  TORCH_CHECK(engines().avx512_bf16, "fused_experts_cpu: needs avx512_bf16, which this CPU lacks");
-  const int64_t T = hidden_states.size(0), H = hidden_states.size(1);
-  const auto packed = [](const at::Tensor& w) {
-    return w.dim() == 5 && w.scalar_type() == at::kBFloat16 && w.size(3) == VNNI_BLOCK_N && w.size(4) == 2;
-  };
-  TORCH_CHECK(packed(w13) && packed(w2), "fused_experts_cpu: w13 and w2 must be bf16 stacks of experts from ",
-              "convert_weight_packed_vnni, got ", w13.sizes(), " and ", w2.sizes());
-  const int64_t E = w13.size(0), I = w13.size(1) * VNNI_BLOCK_N / 2;
-  TORCH_CHECK(w13.size(1) % 2 == 0 && w13.size(2) * 2 == H,
-              "fused_experts_cpu: w13 must hold 2I rows with I a multiple of 32 and H = ", H, " columns, got ",
-              w13.sizes());
-  TORCH_CHECK(w2.size(0) == E && w2.size(1) * VNNI_BLOCK_N == H && w2.size(2) * 2 == I,
-              "fused_experts_cpu: w2 must be [E=", E, ", H=", H, ", I=", I, "] packed, got ", w2.sizes());
-  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == T && topk_weights.sizes() == topk_ids.sizes(),
-              "fused_experts_cpu: topk_weights and topk_ids must both be [T=", T, ", k], got ",
-              topk_weights.sizes(), " and ", topk_ids.sizes());
-  const int64_t k = topk_ids.size(1), pairs = T * k;
-  const auto ids = topk_ids.to(at::kLong).contiguous();
-  const auto weights = topk_weights.to(at::kFloat).contiguous();
-
-  std::vector<int64_t> sorted(pairs);
-  const std::vector<Block> blocks = route(ids.data_ptr<int64_t>(), pairs, E, sorted);
-  const int64_t NB = static_cast<int64_t>(blocks.size());
-  const auto* x = hidden_states.data_ptr<at::BFloat16>();
-  auto xs = at::empty({pairs, H}, hidden_states.options());
-  auto* xs_ptr = xs.data_ptr<at::BFloat16>();
+template <typename Experts, typename scalar_t>
+void fused_experts(const Experts& experts, const std::vector<Block>& blocks, const std::vector<int64_t>& sorted,
+                   const scalar_t* x, int64_t T, int64_t H, int64_t I, int64_t k, const typename Experts::w_t* w13,
+                   const typename Experts::w_t* w2, const float* weights, scalar_t* out) {
+  using a_t = typename Experts::a_t;
+  constexpr int64_t W = Experts::width;
+  const int64_t pairs = T * k, NB = static_cast<int64_t>(blocks.size());
+  const auto a_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<a_t>::value);
+  auto xs_buf = at::empty({pairs, H}, a_options), act_buf = at::empty({pairs, I}, a_options);
+  auto y_buf = at::empty({pairs, H}, at::kFloat);
+  a_t* xs = xs_buf.template data_ptr<a_t>();     // the gathered rows
+  a_t* act = act_buf.template data_ptr<a_t>();   // silu(gate) * up
+  float* y = y_buf.data_ptr<float>();   // each pair's weighted output
   at::parallel_for(0, pairs, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) std::memcpy(xs_ptr + p * H, x + sorted[p] / k * H, H * sizeof(at::BFloat16));
+    for (int64_t p = p0; p < p1; ++p) at::vec::convert(x + sorted[p] / k * H, xs + p * H, H);
   });
-  // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
-  const bool use_brgemm = engines().amx_bf16 && pairs > 4 * NB;
-  const auto release = [&] {
-    if (use_brgemm) at::native::cpublas::brgemm_release();
-  };
 
   // Step 2: act = silu(x W1^T) * (x W3^T), per (block, panel of I).
-  auto act = at::empty({pairs, I}, hidden_states.options());
-  auto* act_ptr = act.data_ptr<at::BFloat16>();
-  const auto* w13_ptr = w13.data_ptr<at::BFloat16>();
-  const int64_t panels_i = I / VNNI_BLOCK_N;
+  const int64_t panels_i = I / W;
   for_each_index(
       NB * panels_i,
       [&](int64_t u) {
         const Block& b = blocks[u / panels_i];
         const int64_t p = u % panels_i;
-        const at::BFloat16* expert = w13_ptr + b.expert * 2 * I * H;
-        alignas(64) float gate[BLOCK_M * VNNI_BLOCK_N], up[BLOCK_M * VNNI_BLOCK_N];
-        const at::BFloat16* a = xs_ptr + b.start * H;
-        panel_to_scratch(a, H, expert + p * VNNI_BLOCK_N * H, b.rows, H, use_brgemm, gate);
-        panel_to_scratch(a, H, expert + (p + panels_i) * VNNI_BLOCK_N * H, b.rows, H, use_brgemm, up);
-        silu_and_mul_rows(gate, up, b.rows, act_ptr + b.start * I + p * VNNI_BLOCK_N, I);
+        const auto* expert = w13 + b.expert * 2 * I * H;
+        alignas(64) float gate[BLOCK_M * W], up[BLOCK_M * W];
+        const a_t* a = xs + b.start * H;
+        experts.multiply(a, H, expert + p * W * H, b.rows, H, gate);
+        experts.multiply(a, H, expert + (p + panels_i) * W * H, b.rows, H, up);
+        silu_and_mul_rows<W>(gate, up, b.rows, act + b.start * I + p * W, I);
       },
-      release);
+      [&] { experts.release(); });
 
   // Step 3: y[pair] = weight * (act W2^T), per (block, panel of H), back in the pairs' own order.
-  auto y = at::empty({pairs, H}, hidden_states.options().dtype(at::kFloat));
-  auto* y_ptr = y.data_ptr<float>();
-  const auto* w2_ptr = w2.data_ptr<at::BFloat16>();
-  const auto* weight_ptr = weights.data_ptr<float>();
-  const int64_t panels_h = H / VNNI_BLOCK_N;
+  const int64_t panels_h = H / W;
   for_each_index(
       NB * panels_h,
       [&](int64_t u) {
         const Block& b = blocks[u / panels_h];
         const int64_t p = u % panels_h;
-        alignas(64) float scratch[BLOCK_M * VNNI_BLOCK_N];
-        panel_to_scratch(act_ptr + b.start * I, I, w2_ptr + (b.expert * H + p * VNNI_BLOCK_N) * I, b.rows, I,
-                         use_brgemm, scratch);
+        alignas(64) float scratch[BLOCK_M * W];
+        experts.multiply(act + b.start * I, I, w2 + (b.expert * H + p * W) * I, b.rows, I, scratch);
         for (int64_t r = 0; r < b.rows; ++r) {
           const int64_t pair = sorted[b.start + r];
-          at::vec::map([w = weight_ptr[pair]](auto v) { return v * decltype(v)(w); }, y_ptr + pair * H + p * VNNI_BLOCK_N,
-                       scratch + r * VNNI_BLOCK_N, VNNI_BLOCK_N);
+          const fVec w(weights[pair]);
+          for (int64_t c = 0; c < W; c += fVec::size()) (fVec::loadu(scratch + r * W + c) * w).store(y + pair * H + p * W + c);
         }
       },
-      release);
+      [&] { experts.release(); });
 
   // Step 4: each token's k weighted outputs summed in float32, rounded once.
-  auto out = at::empty_like(hidden_states);
-  auto* out_ptr = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> sum(H);
     for (int64_t t = t0; t < t1; ++t) {
-      std::copy_n(y_ptr + t * k * H, H, sum.data());
+      std::copy_n(y + t * k * H, H, sum.data());
       for (int64_t j = 1; j < k; ++j) {
-        at::vec::map2([](auto a, auto b) { return a + b; }, sum.data(), sum.data(), y_ptr + (t * k + j) * H, H);
+        at::vec::map2([](auto a, auto b) { return a + b; }, sum.data(), sum.data(), y + (t * k + j) * H, H);
       }
-      store_row(sum.data(), out_ptr + t * H, H);
+      store_floats(sum.data(), out + t * H, H);
+    }
+  });
+}
+
+}  // namespace
+
+// hidden_states [T, H] in the model dtype; w13 and w2 the stacked [E, 2I, H] (gate rows, then up rows)
+// and [E, H, I] packed whole, either by convert_weight_packed_vnni (bf16: [E, 2I / 32, H / 2, 32, 2])
+// or by convert_weight_packed (float32 or the model dtype: [E, 2I / B, H, B], B = weight_packed_block_n);
+// topk_weights [T, k] (any float dtype) and topk_ids [T, k] (int32 or int64).
+at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w2,
+                             const at::Tensor& topk_weights, const at::Tensor& topk_ids) {
+  CHECK_INPUT(hidden_states);
+  CHECK_INPUT(w13);
+  CHECK_INPUT(w2);
+  TORCH_CHECK(hidden_states.dim() == 2, "fused_experts_cpu: hidden_states must be [T, H], got ",
+              hidden_states.sizes());
+  const int64_t T = hidden_states.size(0), H = hidden_states.size(1);
+  const bool vnni = w13.dim() == 5;
+  const int64_t W = vnni ? VNNI_BLOCK_N : BLOCK_N;
+  TORCH_CHECK(w13.dim() == w2.dim() && (vnni || w13.dim() == 4) && w13.size(-1) == (vnni ? 2 : W) &&
+                  (!vnni || w13.size(3) == W) && w13.scalar_type() == w2.scalar_type(),
+              "fused_experts_cpu: w13 and w2 must be stacks of experts packed whole by convert_weight_packed_vnni ",
+              "or convert_weight_packed, got ", w13.sizes(), " and ", w2.sizes());
+  const int64_t E = w13.size(0), I = w13.size(1) * W / 2, K13 = vnni ? w13.size(2) * 2 : w13.size(2);
+  const int64_t K2 = vnni ? w2.size(2) * 2 : w2.size(2);
+  TORCH_CHECK(w13.size(1) % 2 == 0 && K13 == H, "fused_experts_cpu: w13 must hold 2I rows, I a multiple of ", W,
+              ", of H = ", H, " columns, got ", w13.sizes());
+  TORCH_CHECK(w2.size(0) == E && w2.size(1) * W == H && K2 == I, "fused_experts_cpu: w2 must be [E=", E,
+              ", H=", H, ", I=", I, "] packed, got ", w2.sizes());
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == T && topk_weights.sizes() == topk_ids.sizes(),
+              "fused_experts_cpu: topk_weights and topk_ids must both be [T=", T, ", k], got ",
+              topk_weights.sizes(), " and ", topk_ids.sizes());
+  const auto ids = topk_ids.to(at::kLong).contiguous();
+  const auto weights = topk_weights.to(at::kFloat).contiguous();
+  const int64_t k = topk_ids.size(1), pairs = T * k;
+  std::vector<int64_t> sorted(pairs);
+  const std::vector<Block> blocks = route(ids.data_ptr<int64_t>(), pairs, E, sorted);
+  const auto dtype = hidden_states.scalar_type(), w_dtype = w13.scalar_type();
+  auto out = at::empty_like(hidden_states);
+  MINISGL_DISPATCH_FLOATING_TYPES(dtype, "fused_experts_cpu", [&] {
+    const auto run = [&](const auto& experts) {
+      using w_t = typename std::decay_t<decltype(experts)>::w_t;
+      fused_experts(experts, blocks, sorted, hidden_states.data_ptr<scalar_t>(), T, H, I, k,
+                    static_cast<const w_t*>(w13.data_ptr()), static_cast<const w_t*>(w2.data_ptr()),
+                    weights.data_ptr<float>(), out.data_ptr<scalar_t>());
+    };
+    if (vnni) {
+      TORCH_CHECK(dtype == at::kBFloat16 && w_dtype == at::kBFloat16,
+                  "fused_experts_cpu: VNNI-packed experts are bf16 and multiply bf16 activations, got ", w_dtype,
+                  " experts and ", dtype, " activations");
+      TORCH_CHECK(engines().avx512_bf16, "fused_experts_cpu: VNNI-packed experts need avx512_bf16, which this CPU lacks");
+      // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
+      const bool use_brgemm = engines().amx_bf16 && pairs > 4 * static_cast<int64_t>(blocks.size());
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{use_brgemm});
+    } else if (w_dtype == at::kFloat) {
+      run(PanelExperts<float>{});
+    } else {
+      TORCH_CHECK(w_dtype == dtype, "fused_experts_cpu: ", w_dtype, " experts multiply float32 or ", w_dtype,
+                  " activations, got ", dtype);
+      if constexpr (!std::is_same_v<scalar_t, float>) run(PanelExperts<scalar_t>{});
     }
   });
   return out;

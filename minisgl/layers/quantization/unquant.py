@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from minisgl.kernels.cpu import has_packed_gemm
+from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
 from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers.linear import apply_linear, pack_linear_weight
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
@@ -61,20 +61,21 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.w13_weight.weight_loader = layer.w2_weight.weight_loader = extra_weight_attrs["weight_loader"]
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        # On CPU every expert's two matrices are packed once, as a dense layer's are (SGLang's
-        # _amx_process_weight_after_loading does the same for its fused CPU kernel). Where
-        # fused_experts_cpu runs (bf16 on the matrix engines), each stack [E, N, K] is packed whole
-        # into the VNNI layout; elsewhere each expert gets the layout apply_linear picks for its
-        # dtype, in a list by expert id, for the loop over experts. Left plain, oneDNN re-derived
-        # its layout on every call.
+        # On CPU the experts are packed once, as a dense layer's weight is (SGLang's
+        # _amx_process_weight_after_loading does the same for its fused CPU kernel). For
+        # fused_experts_cpu each stack [E, N, K] is packed whole: in the VNNI layout for bf16 on the
+        # matrix engines, else in float panels. Where it cannot run, each expert gets the layout
+        # apply_linear picks for its dtype, in a list by expert id, for the loop over experts.
         if layer.w13_weight.is_cuda:
             return  # the Triton kernel reads the stacked [E, N, K] tensors
-        fused = _fused_experts_cpu_runs(layer.w13_weight.data, layer.w2_weight.data)
+        layout = _fused_experts_cpu_layout(layer.w13_weight.data, layer.w2_weight.data)
         for name in ("w13", "w2"):
             weights = getattr(layer, f"{name}_weight").data
             delattr(layer, f"{name}_weight")
-            if fused:
+            if layout == "vnni":
                 packed = torch.ops.minisgl_kernel.convert_weight_packed_vnni(weights)
+            elif layout == "panels":
+                packed = torch.ops.minisgl_kernel.convert_weight_packed(weights)
             else:
                 packed = [pack_linear_weight(w) for w in weights]
             setattr(layer, f"{name}_packed", packed)
@@ -83,8 +84,8 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         # The grouped Triton kernel on the GPU; on the CPU the C++ fused kernel where the experts
-        # were stacked for it, else the loop over experts (faster than the interpreted Triton kernel,
-        # which the kernel tests run against this loop).
+        # were packed as stacks for it, else the loop over experts (faster than the interpreted
+        # Triton kernel, which the kernel tests run against this loop).
         if x.is_cuda:
             return fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         if isinstance(layer.w13_packed, torch.Tensor):
@@ -94,15 +95,15 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         return fused_experts_native(x, layer.w13_packed, layer.w2_packed, topk_weights, topk_ids, apply_linear)
 
 
-def _fused_experts_cpu_runs(w13: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Whether minisgl's fused_experts_cpu (kernels/cpu/moe.cpp) takes these experts: bf16 on a CPU
-    with vdpbf16ps (or AMX), the intermediate size I and the hidden size H multiples of its 32-column
-    panels (a gate panel pairs with the up panel I columns on)."""
+def _fused_experts_cpu_layout(w13: torch.Tensor, w2: torch.Tensor) -> Optional[str]:
+    """How fused_experts_cpu (kernels/cpu/moe.cpp) takes these experts, or None where it cannot:
+    ``"vnni"`` for bf16 on a CPU with vdpbf16ps (or AMX), ``"panels"`` (the FMA GEMM's float panels,
+    in the weights' dtype) elsewhere the kernels built. The intermediate size I and the hidden size H
+    must be multiples of the layout's panel width: a gate panel pairs with the up panel I columns on."""
     inter, hidden = w2.shape[2], w2.shape[1]
-    return (
-        w13.dtype == torch.bfloat16
-        and has_packed_gemm()
-        and vnni_gemm_engine(torch.bfloat16) is not None
-        and inter % 32 == 0
-        and hidden % 32 == 0
-    )
+    if not has_packed_gemm():
+        return None
+    if w13.dtype == torch.bfloat16 and vnni_gemm_engine(torch.bfloat16) is not None and inter % 32 == hidden % 32 == 0:
+        return "vnni"
+    block_n = packed_gemm_block_n()
+    return "panels" if inter % block_n == hidden % block_n == 0 else None

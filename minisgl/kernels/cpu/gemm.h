@@ -1,0 +1,75 @@
+// The float panels of the dense GEMM and their tile, shared by gemm.cpp (weight_packed_linear) and
+// moe.cpp (fused_experts_cpu for experts packed this way), as sgl-kernel's gemm.h shares its tiles.
+//
+// convert_weight_packed lays W [N, K] out as [N / BLOCK_N][K][BLOCK_N]: panel j holds output columns
+// BLOCK_N j .. BLOCK_N j + BLOCK_N - 1, and one k-step of it is two vector registers of float32
+// (BLOCK_N = 32 with AVX-512, 16 with AVX2). The code is the same at both widths:
+// at::vec::Vectorized<float> is one zmm register with AVX-512 and one ymm with AVX2.
+#pragma once
+
+#include "common.h"
+
+namespace minisgl {
+
+using fVec = at::vec::Vectorized<float>;
+constexpr int64_t VLEN = fVec::size();  // 16 floats with AVX-512, 8 with AVX2
+constexpr int64_t BLOCK_N = 2 * VLEN;   // columns per panel: two registers
+// Rows per tile: 2 x MAX_ROWS accumulators, 2 weight registers and 1 broadcast fit in the 32 zmm
+// registers of AVX-512 (12 rows: 27) or the 16 ymm of AVX2 (6 rows: 15).
+constexpr int MAX_ROWS = VLEN == 16 ? 12 : 6;
+// One k-step of a panel (BLOCK_N weights) as two float32 registers. A 16-bit half is widened as it
+// is loaded (vpmovzxwd + a shift for bf16, vcvtph2ps for fp16, both reading memory directly):
+// loading the whole register and splitting it first cost an extra shuffle per k-step.
+template <typename w_t>
+inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
+  return {load_float(p), load_float(p + VLEN)};
+}
+
+// Stores BLOCK_N float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to()
+// does) straight from the registers, with the conversion store_row (common.h) uses.
+template <typename out_t>
+inline void store_panel_row(out_t* dst, fVec lo, fVec hi) {
+  if constexpr (std::is_same_v<out_t, float>) {
+    lo.store(dst);
+    hi.store(dst + VLEN);
+  } else {
+    at::vec::convert_from_float<out_t>(lo, hi).store(dst);
+  }
+}
+
+// C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
+// accumulators are registers. Meanwhile, k-step k prefetches the 128 bytes at
+// `next + (k * next_step >> 16)` (16.16 fixed point, in bytes: a tile shares its panel's prefetch
+// work with the others, see gemm_rows). Kept out of line: inlined into gemm_rows, all heights at
+// once, it measured about 5% slower.
+template <int ROWS, typename w_t, typename out_t>
+__attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const w_t* __restrict B, int64_t K,
+                                    out_t* __restrict C, int64_t ldc, const out_t* __restrict bias, const char* next,
+                                    int64_t next_step) {
+  Reg c0[ROWS], c1[ROWS];
+  const Reg b_lo = bias ? load_float(bias) : fVec(0.f);
+  const Reg b_hi = bias ? load_float(bias + VLEN) : fVec(0.f);
+#pragma GCC unroll 12
+  for (int i = 0; i < ROWS; ++i) {
+    c0[i] = b_lo;
+    c1[i] = b_hi;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const auto [b0, b1] = load_panel_row(B + k * BLOCK_N);
+    if (next) {  // into L2 (T1): L1 is too small to hold it until its turn
+      const char* line = next + ((k * next_step) >> 16);
+      _mm_prefetch(line, _MM_HINT_T1);
+      _mm_prefetch(line + 64, _MM_HINT_T1);
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < ROWS; ++i) {
+      const fVec a(A[i * lda + k]);
+      c0[i] = at::vec::fmadd(a, b0, fVec(c0[i]));
+      c1[i] = at::vec::fmadd(a, b1, fVec(c1[i]));
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < ROWS; ++i) store_panel_row(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
+}
+
+}  // namespace minisgl
