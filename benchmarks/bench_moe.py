@@ -3,14 +3,16 @@
     python benchmarks/bench_moe.py                       # a Qwen3-MoE-shaped layer, scaled to fit a laptop
     python benchmarks/bench_moe.py --experts 128 --hidden 2048 --intermediate 768 --top-k 8   # Qwen3-30B-A3B's
 
-UnquantizedFusedMoEMethod packs the experts once after loading. Where the CPU has vdpbf16ps (or
-AMX) a bf16 layer's experts are stacked in the VNNI layout for fused_experts_cpu (kernels/cpu/moe.cpp),
-one C++ call for the whole layer; otherwise each expert gets the layout a dense layer of its shape
-gets (layers/linear.py pack_linear_weight) and fused_experts_native loops over the chosen experts
-in Python. This times, alternated in one process:
+UnquantizedFusedMoEMethod packs the experts once after loading, each stack whole: in the VNNI
+layout for a bf16 layer where the CPU has vdpbf16ps (or AMX), else in float panels, and
+fused_experts_cpu (kernels/cpu/moe.cpp) runs the layer in one C++ call. Where the sizes do not fit
+its panels, each expert gets the layout a dense layer of its shape gets (layers/linear.py
+pack_linear_weight) and fused_experts_native loops over the chosen experts in Python. This times,
+alternated in one process:
 
 - engine: UnquantizedFusedMoEMethod.apply, the fused kernel or the loop, whichever this CPU and dtype get;
-- loop, packed: fused_experts_native over the same packed matrices, expert by expert;
+- loop, packed: fused_experts_native over the same packed matrices (a stack's experts are each one's
+  own layout), expert by expert;
 - loop, oneDNN: the expert matrices left as loaded, through apply_linear (oneDNN re-derives its
   layout on every call) — what the engine ran before the experts were packed;
 - loop, F.linear: ATen's own linear (MKL's sgemm in float32).
