@@ -17,6 +17,10 @@ alternated in one process:
   layout on every call) — what the engine ran before the experts were packed;
 - loop, F.linear: ATen's own linear (MKL's sgemm in float32).
 
+Then, for each --w8a8-dtype, the same layer quantized to W8A8-int8 (W8A8Int8MoEMethod): the
+engine (fused_experts_int8_cpu where the CPU has AVX512-VNNI) against the loop over experts through
+the int8 GEMM, on the same packed int8 matrices.
+
 Each --tokens count routes that many tokens by random router logits (top --top-k of --experts),
 so a decode batch touches few experts and a prefill chunk all of them. The weights are one layer's
 (--experts x 3 x hidden x intermediate), small enough that a large L3 may hold much of them: this
@@ -36,18 +40,36 @@ from torch import nn
 from minisgl.kernels.cpu.features import cpu_features
 from minisgl.layers.linear import apply_linear
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.quantization.int8_kernel import int8_scaled_mm_with_quant
 from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
+from minisgl.layers.quantization.w8a8_int8 import W8A8Int8Config, W8A8Int8MoEMethod
 
 
-def make_layer(experts: int, hidden: int, inter: int, dtype: torch.dtype) -> tuple[nn.Module, list, list]:
-    """The engine's packed layer, and the same experts' plain matrices."""
-    layer, method = nn.Module(), UnquantizedFusedMoEMethod()
+def make_layer(experts: int, hidden: int, inter: int, dtype: torch.dtype, method=None) -> tuple[nn.Module, list, list]:
+    """The engine's packed layer (UnquantizedFusedMoEMethod's, or ``method``'s), and the same
+    experts' plain matrices."""
+    layer, method = nn.Module(), method or UnquantizedFusedMoEMethod()
     method.create_weights(layer, experts, hidden, inter, dtype, weight_loader=None)
     layer.w13_weight.data.copy_(torch.randn(experts, 2 * inter, hidden) * hidden**-0.5)
     layer.w2_weight.data.copy_(torch.randn(experts, hidden, inter) * inter**-0.5)
     plain = (list(layer.w13_weight.data.clone()), list(layer.w2_weight.data.clone()))
     method.process_weights_after_loading(layer)
     return layer, *plain
+
+
+def median_ms(runs: dict, reps: int) -> dict[str, float]:
+    """Each run's median time in ms, the runs alternated so that a slow phase of the host hits all."""
+    ms = {k: [] for k in runs}
+    for _ in range(3):
+        for k, fn in runs.items():
+            ms[k] += [t * 1e3 for t in timings(fn, reps)]
+    return {k: statistics.median(v) for k, v in ms.items()}
+
+
+def routed(tokens: int, args, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, args.hidden, generator=g).to(dtype)
+    return x, *torch.randn(tokens, args.experts, generator=g).softmax(-1).topk(args.top_k, dim=-1)
 
 
 def main() -> None:
@@ -57,7 +79,8 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--w8a8-dtype", nargs="*", default=["bfloat16"], help="activation dtypes of a W8A8 layer")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; features: {', '.join(sorted(cpu_features()))}; {torch.get_num_threads()} threads")
@@ -70,28 +93,52 @@ def main() -> None:
         dtype = getattr(torch, name)
         layer, w13, w2 = make_layer(args.experts, args.hidden, args.intermediate, dtype)
         method, fused = UnquantizedFusedMoEMethod(), isinstance(layer.w13_packed, torch.Tensor)
-        packed = (list(layer.w13_packed), list(layer.w2_packed))  # a stack's experts are VNNI views
+        packed = (list(layer.w13_packed), list(layer.w2_packed))  # a stack's experts are each one's layout
         for tokens in args.tokens:
-            g = torch.Generator().manual_seed(tokens)
-            x = torch.randn(tokens, args.hidden, generator=g).to(dtype)
-            weights, ids = torch.randn(tokens, args.experts, generator=g).softmax(-1).topk(args.top_k, dim=-1)
-            runs = {
-                "engine": lambda: method.apply(layer, x, weights, ids),
-                "packed": lambda: fused_experts_native(x, *packed, weights, ids, apply_linear),
-                "onednn": lambda: fused_experts_native(x, w13, w2, weights, ids, apply_linear),
-                "linear": lambda: fused_experts_native(x, w13, w2, weights, ids, F.linear),
-            }
-            ms = {k: [] for k in runs}
-            for _ in range(3):  # alternated, so a slow phase of the host hits all four
-                for k, fn in runs.items():
-                    ms[k] += [t * 1e3 for t in timings(fn, args.reps)]
-            best = {k: statistics.median(v) for k, v in ms.items()}
+            x, weights, ids = routed(tokens, args, dtype)
+            best = median_ms(
+                {
+                    "engine": lambda: method.apply(layer, x, weights, ids),
+                    "packed": lambda: fused_experts_native(x, *packed, weights, ids, apply_linear),
+                    "onednn": lambda: fused_experts_native(x, w13, w2, weights, ids, apply_linear),
+                    "linear": lambda: fused_experts_native(x, w13, w2, weights, ids, F.linear),
+                },
+                args.reps,
+            )
             print(
                 f"{name:8} | {tokens:6} | {'fused' if fused else 'loop':8} | {best['engine']:9.3f} | "
                 f"{best['packed']:14.3f} | {best['onednn']:14.3f} | {best['linear']:16.3f} | "
                 f"{best['packed'] / best['engine']:17.2f}x | {best['onednn'] / best['engine']:12.2f}x | "
                 f"{best['linear'] / best['engine']:14.2f}x"
             )
+    # W8A8: the engine's method (fused_experts_int8_cpu on AVX512-VNNI) against its loop over experts
+    # through the int8 GEMM, on the same quantized experts.
+    if args.w8a8_dtype:
+        print("\nW8A8-int8 | tokens | engine | engine ms | loop int8 ms | loop/engine")
+    for name in args.w8a8_dtype:
+        dtype, method = getattr(torch, name), W8A8Int8MoEMethod(W8A8Int8Config(is_checkpoint_int8_serialized=False))
+        layer = make_layer(args.experts, args.hidden, args.intermediate, dtype, method)[0]
+        fused = isinstance(layer.w13_int8, tuple)
+        experts = [
+            list(zip(*getattr(layer, f"{n}_int8"))) if fused else getattr(layer, f"{n}_int8") for n in ("w13", "w2")
+        ]
+        for tokens in args.tokens:
+            x, weights, ids = routed(tokens, args, dtype)
+            best = median_ms(
+                {
+                    "engine": lambda: method.apply(layer, x, weights, ids),
+                    "loop": lambda: fused_experts_native(x, *experts, weights, ids, int8_expert),
+                },
+                args.reps,
+            )
+            print(
+                f"{name:9} | {tokens:6} | {'fused' if fused else 'loop':6} | {best['engine']:9.3f} | "
+                f"{best['loop']:12.3f} | {best['loop'] / best['engine']:10.2f}x"
+            )
+
+
+def int8_expert(h: torch.Tensor, expert: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return int8_scaled_mm_with_quant(h, *expert)
 
 
 if __name__ == "__main__":

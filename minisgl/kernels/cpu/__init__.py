@@ -59,6 +59,7 @@ _SOURCES = [
     "gemm.cpp",
     "gemm_vnni.cpp",
     "moe.cpp",
+    "moe_int8.cpp",
     "sampling.cpp",
     "gemm_int8.cpp",
     "gemm_int8_vnni.cpp",
@@ -74,6 +75,8 @@ _HEADERS = [
     "attention.h",
     "gemm.h",
     "gemm_vnni.h",
+    "gemm_int8_vnni.h",
+    "moe_route.h",
     "gguf_blocks.h",
 ]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.

@@ -26,12 +26,12 @@
 
 #include "gemm.h"
 #include "gemm_vnni.h"
+#include "moe_route.h"
 
 namespace minisgl {
 namespace {
 
-constexpr int64_t BLOCK_M = 32;  // pairs per block: one brgemm call (VNNI_BLOCK_M), three FMA tiles
-static_assert(BLOCK_M == VNNI_BLOCK_M);
+static_assert(BLOCK_M == VNNI_BLOCK_M);  // a block is one brgemm call (and three FMA tiles)
 
 // bf16 experts in the VNNI layout [N / 32, K / 2, 32, 2]: a block's rows (bf16) times one panel.
 struct VnniExperts {
@@ -63,39 +63,6 @@ struct PanelExperts {
   }
   void release() const {}
 };
-
-struct Block {
-  int64_t expert, start, rows;  // rows [start, start + rows) of the sorted pairs
-};
-
-// Step 1: sorted[p] = the pair (t * k + j) at sorted place p, grouped by expert in expert order,
-// and the blocks that cut each expert's group. An expert nobody chose has no block.
-std::vector<Block> route(const int64_t* ids, int64_t pairs, int64_t E, std::vector<int64_t>& sorted) {
-  std::vector<int64_t> start(E + 1, 0);
-  for (int64_t i = 0; i < pairs; ++i) {
-    TORCH_CHECK(ids[i] >= 0 && ids[i] < E, "fused_experts_cpu: topk_ids holds expert ", ids[i], ", outside [0, ", E,
-                ")");
-    ++start[ids[i] + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < pairs; ++i) sorted[next[ids[i]]++] = i;
-  std::vector<Block> blocks;
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t s = start[e]; s < start[e + 1]; s += BLOCK_M) blocks.push_back({e, s, std::min(BLOCK_M, start[e + 1] - s)});
-  }
-  return blocks;
-}
-
-// dst[0:n] = src[0:n] as T (a float32 row is stored as is: store_row leaves float32 to its caller).
-template <typename T>
-void store_floats(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::copy_n(src, n, dst);
-  } else {
-    store_row(src, dst, n);
-  }
-}
 
 // act[r, 0:width] = silu(gate[r]) * up[r] for a block's rows, from float32 scratch rows of `width`.
 template <int64_t width, typename a_t>
@@ -160,17 +127,7 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
       },
       [&] { experts.release(); });
 
-  // Step 4: each token's k weighted outputs summed in float32, rounded once.
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> sum(H);
-    for (int64_t t = t0; t < t1; ++t) {
-      std::copy_n(y + t * k * H, H, sum.data());
-      for (int64_t j = 1; j < k; ++j) {
-        at::vec::map2([](auto a, auto b) { return a + b; }, sum.data(), sum.data(), y + (t * k + j) * H, H);
-      }
-      store_floats(sum.data(), out + t * H, H);
-    }
-  });
+  sum_slots(y, T, k, H, out);  // step 4
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ at::Tensor argmax_cpu(const at::Tensor& logits);
 // gemm_int8.cpp: W8A8-int8
 at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w2,
                              const at::Tensor& topk_weights, const at::Tensor& topk_ids);  // moe.cpp
+at::Tensor fused_experts_int8_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w13_scale,
+                                  const at::Tensor& w2, const at::Tensor& w2_scale, const at::Tensor& topk_weights,
+                                  const at::Tensor& topk_ids);  // moe_int8.cpp
 at::Tensor convert_weight_packed_int8(const at::Tensor& weight);
 at::Tensor convert_weight_packed_int8_vnni(const at::Tensor& weight);  // gemm_int8_vnni.cpp
 std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);
@@ -63,6 +66,9 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def("convert_weight_packed_vnni(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
   m.def("fused_experts_cpu(Tensor hidden_states, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor");
+  m.def(
+      "fused_experts_int8_cpu(Tensor hidden_states, Tensor w13, Tensor w13_scale, Tensor w2, Tensor w2_scale, "
+      "Tensor topk_weights, Tensor topk_ids) -> Tensor");
   m.def("argmax_cpu(Tensor logits) -> Tensor");
   m.def("apply_token_bitmask_cpu(Tensor(a!) logits, Tensor bitmask) -> ()");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
@@ -87,6 +93,7 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("convert_weight_packed_vnni", &minisgl::convert_weight_packed_vnni);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
   m.impl("fused_experts_cpu", &minisgl::fused_experts_cpu);
+  m.impl("fused_experts_int8_cpu", &minisgl::fused_experts_int8_cpu);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
   m.impl("convert_weight_packed_int8", &minisgl::convert_weight_packed_int8);
   m.impl("convert_weight_packed_int8_vnni", &minisgl::convert_weight_packed_int8_vnni);

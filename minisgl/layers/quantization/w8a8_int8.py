@@ -9,8 +9,10 @@ int8 [N, K] beside ``weight_scale`` float32 [N, 1], and says
 Where minisgl differs: ``--quantization w8a8_int8`` on a float checkpoint quantizes each
 layer when its weights are in (``process_weights_after_loading``), as SGLang's fp8 does for
 float checkpoints; SGLang's w8a8_int8 expects an int8 checkpoint. SGLang's CPU path needs AMX
-and its fused MoE kernel; minisgl runs its own AVX2 kernel (kernels/cpu/gemm_int8.cpp) and, for
-MoE, that kernel once per chosen expert. Omitted: ignore lists, static activation scales.
+and its fused MoE kernel; minisgl runs its own kernels (kernels/cpu/gemm_int8.cpp, and
+gemm_int8_vnni.cpp on AVX512-VNNI) and, for MoE, its own fused kernel on AVX512-VNNI
+(moe_int8.cpp), else the int8 GEMM once per chosen expert. Omitted: ignore lists, static
+activation scales.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from minisgl.kernels.cpu.features import int8_gemm_engine
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizationConfig
 from minisgl.layers.quantization.int8_kernel import (
     int8_scaled_mm_with_quant,
     pack_int8_weight,
     quantize_weight_int8,
+    use_int8_kernel,
 )
 
 
@@ -106,8 +110,9 @@ class W8A8Int8LinearMethod(LinearMethodBase):
 
 
 class W8A8Int8MoEMethod(FusedMoEMethodBase):
-    """Every expert's matrices as in the linear method; the experts run one by one
-    (fused_experts_native's loop) through the int8 GEMM, not a fused MoE kernel."""
+    """Every expert's matrices as in the linear method. On AVX512-VNNI the layer runs in one call,
+    fused_experts_int8_cpu (sgl-kernel's fused_experts_cpu with use_int8_w8a8); elsewhere the experts
+    run one by one (fused_experts_native's loop) through the int8 GEMM."""
 
     def __init__(self, quant_config: W8A8Int8Config) -> None:
         self.quant_config = quant_config
@@ -132,7 +137,11 @@ class W8A8Int8MoEMethod(FusedMoEMethodBase):
                 getattr(layer, param_name).weight_loader = _int8_checked(extra_weight_attrs["weight_loader"])
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        # Per expert: a list of (packed int8 weight, scales) pairs, indexed by expert id.
+        # Where fused_experts_int8_cpu runs, each projection becomes one stack of the experts' packed
+        # int8 matrices and one of their scales; elsewhere a list of (packed weight, scales) pairs,
+        # indexed by expert id, for the loop over experts.
+        hidden, inter = layer.w2_weight.shape[1], layer.w2_weight.shape[2]
+        fused = _fused_experts_int8_runs(layer.w2_weight.data, hidden, inter)
         for name in ("w13", "w2"):
             weights = getattr(layer, f"{name}_weight").data
             if self.quant_config.is_checkpoint_int8_serialized:
@@ -141,12 +150,27 @@ class W8A8Int8MoEMethod(FusedMoEMethodBase):
             else:
                 pairs = (quantize_weight_int8(w) for w in weights)
             delattr(layer, f"{name}_weight")
-            setattr(layer, f"{name}_int8", [(pack_int8_weight(w), s.contiguous()) for w, s in pairs])
+            experts = [(pack_int8_weight(w), s.contiguous()) for w, s in pairs]
+            if fused:
+                packed, scales = zip(*experts)
+                experts = (torch.stack(packed), torch.stack(scales).view(len(scales), -1))
+            setattr(layer, f"{name}_int8", experts)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
+        if isinstance(layer.w13_int8, tuple):  # stacks for the fused kernel
+            return torch.ops.minisgl_kernel.fused_experts_int8_cpu(
+                x, *layer.w13_int8, *layer.w2_int8, topk_weights, topk_ids
+            )
+
         def linear(h: torch.Tensor, expert: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             return int8_scaled_mm_with_quant(h, *expert)
 
         return fused_experts_native(x, layer.w13_int8, layer.w2_int8, topk_weights, topk_ids, linear)
+
+
+def _fused_experts_int8_runs(weight: torch.Tensor, hidden: int, inter: int) -> bool:
+    """Whether fused_experts_int8_cpu (kernels/cpu/moe_int8.cpp) takes these experts: on a CPU with
+    AVX512-VNNI, whose int8 layout it reads, with I and H multiples of the 32 columns a tile takes."""
+    return use_int8_kernel(weight) and int8_gemm_engine() == "avx512_vnni" and inter % 32 == hidden % 32 == 0
