@@ -76,7 +76,7 @@ _HEADERS = [
     "gemm.h",
     "gemm_vnni.h",
     "gemm_int8_vnni.h",
-    "moe_route.h",
+    "moe.h",
     "gguf_blocks.h",
 ]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.

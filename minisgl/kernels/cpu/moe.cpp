@@ -5,7 +5,7 @@
 //
 // for every token at once, in four steps and two parallel regions, where fused_experts_native
 // (layers/moe/fused_moe_native.py) runs some ten torch operators per chosen expert:
-//   1. route: the T * k (token, slot) pairs sorted by expert (a counting sort) and cut into blocks
+//   1. route (moe.h): the T * k (token, slot) pairs sorted by expert (a counting sort) and cut into blocks
 //      of at most BLOCK_M pairs of one expert; each pair's token row is copied into place, so that
 //      a block's rows lie next to each other (the Triton kernel reads them through the sorted ids);
 //   2. gate and up: for each (block, panel of the I intermediate columns), the gate panel and its
@@ -26,7 +26,7 @@
 
 #include "gemm.h"
 #include "gemm_vnni.h"
-#include "moe_route.h"
+#include "moe.h"
 
 namespace minisgl {
 namespace {
@@ -64,19 +64,6 @@ struct PanelExperts {
   void release() const {}
 };
 
-// act[r, 0:width] = silu(gate[r]) * up[r] for a block's rows, from float32 scratch rows of `width`.
-template <int64_t width, typename a_t>
-void silu_and_mul_rows(const float* gate, const float* up, int64_t rows, a_t* act, int64_t ld) {
-  alignas(64) float buf[width];
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < width; c += fVec::size()) {
-      const fVec g = fVec::loadu(gate + r * width + c), u = fVec::loadu(up + r * width + c);
-      (g / (fVec(1.f) + g.neg().exp()) * u).store(buf + c);
-    }
-    store_floats(buf, act + r * ld, width);
-  }
-}
-
 template <typename Experts, typename scalar_t>
 void fused_experts(const Experts& experts, const std::vector<Block>& blocks, const std::vector<int64_t>& sorted,
                    const scalar_t* x, int64_t T, int64_t H, int64_t I, int64_t k, const typename Experts::w_t* w13,
@@ -87,9 +74,9 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
   const auto a_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<a_t>::value);
   auto xs_buf = at::empty({pairs, H}, a_options), act_buf = at::empty({pairs, I}, a_options);
   auto y_buf = at::empty({pairs, H}, at::kFloat);
-  a_t* xs = xs_buf.template data_ptr<a_t>();     // the gathered rows
-  a_t* act = act_buf.template data_ptr<a_t>();   // silu(gate) * up
-  float* y = y_buf.data_ptr<float>();   // each pair's weighted output
+  a_t* xs = xs_buf.template data_ptr<a_t>();    // the gathered rows
+  a_t* act = act_buf.template data_ptr<a_t>();  // silu(gate) * up
+  float* y = y_buf.data_ptr<float>();           // each pair's weighted output
   at::parallel_for(0, pairs, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) at::vec::convert(x + sorted[p] / k * H, xs + p * H, H);
   });
@@ -119,11 +106,7 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
         const int64_t p = u % panels_h;
         alignas(64) float scratch[BLOCK_M * W];
         experts.multiply(act + b.start * I, I, w2 + (b.expert * H + p * W) * I, b.rows, I, scratch);
-        for (int64_t r = 0; r < b.rows; ++r) {
-          const int64_t pair = sorted[b.start + r];
-          const fVec w(weights[pair]);
-          for (int64_t c = 0; c < W; c += fVec::size()) (fVec::loadu(scratch + r * W + c) * w).store(y + pair * H + p * W + c);
-        }
+        store_weighted_rows<W>(scratch, b.rows, sorted.data() + b.start, weights, y + p * W, H);
       },
       [&] { experts.release(); });
 

@@ -1,14 +1,14 @@
 // Fused MoE for W8A8-int8 experts on AVX512-VNNI (mirrors sgl-kernel/csrc/cpu/moe_int8.cpp:
 // fused_experts_int8_kernel_impl): moe.cpp's four steps with the W8A8 GEMM's arithmetic.
 //
-//   1. route (moe_route.h); each token's row is quantized once, per token, to int8 (stored + 128, as
+//   1. route (moe.h); each token's row is quantized once, per token, to int8 (stored + 128, as
 //      vpdpbusd takes it; gemm_int8_vnni.cpp), and copied with its scale to its pairs' sorted places;
 //   2. gate and up: for each (block, 32 of the I intermediate columns), both products as exact int32
 //      sums, rescaled by the row's and the columns' scales, then silu(gate) * up in float32;
 //   2b. each pair's I activations quantized per row, as the W8A8 layer quantizes its input;
 //   3. down: for each (block, 32 of the H output columns), the int8 product, rescaled, times the
 //      pair's routing weight, into y at the pair's own place;
-//   4. out[t] = the sum of its k rows of y, rounded once (moe_route.h).
+//   4. out[t] = the sum of its k rows of y, rounded once (moe.h).
 // The experts' int8 matrices are the W8A8 linear layer's VNNI packing, one stack per projection, with
 // their float32 scales per output channel. Where the W8A8 loop over experts (fused_experts_native)
 // rounds each GEMM's output to the model dtype, this keeps float32 until the end, so the two differ
@@ -18,12 +18,11 @@
 #include <vector>
 
 #include "gemm_int8_vnni.h"
-#include "moe_route.h"
+#include "moe.h"
 
 namespace minisgl {
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
 constexpr int64_t COLS = 2 * INT8_PANEL_N;  // a unit's columns: the two panels one tile takes
 
 // scratch[r, 0:32] = rescaled a[r] . w[c] for a block's rows and the panel pair at `panel`, in
@@ -86,14 +85,7 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
     pair_to_scratch(a, H4 * 4, a_scale, expert + c0 / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0, b.rows, gate);
     pair_to_scratch(a, H4 * 4, a_scale, expert + (c0 + I) / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0 + I,
                     b.rows, up);
-    for (int64_t r = 0; r < b.rows; ++r) {
-      float* dst = act_ptr + (b.start + r) * I + c0;
-      for (int64_t c = 0; c < COLS; c += Vec::size()) {
-        const auto g = Vec::loadu(gate + r * COLS + c);
-        const auto v = Vec::loadu(up + r * COLS + c);
-        (g / (Vec(1.f) + g.neg().exp()) * v).store(dst + c);
-      }
-    }
+    silu_and_mul_rows<COLS>(gate, up, b.rows, act_ptr + b.start * I + c0, I);
   });
   quantize_rows(act_ptr, pairs, I, act_q.data_ptr<uint8_t>(), act_scale.data_ptr<float>());  // step 2b
 
@@ -107,13 +99,7 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
     pair_to_scratch(act_q.data_ptr<uint8_t>() + b.start * I4 * 4, I4 * 4, act_scale.data_ptr<float>() + b.start,
                     w2 + (b.expert * (H / INT8_PANEL_N) + c0 / INT8_PANEL_N) * bytes2, bytes2, I4,
                     s2 + b.expert * H + c0, b.rows, scratch);
-    for (int64_t r = 0; r < b.rows; ++r) {
-      const int64_t pair = sorted[b.start + r];
-      const Vec w(weights[pair]);
-      for (int64_t c = 0; c < COLS; c += Vec::size()) {
-        (Vec::loadu(scratch + r * COLS + c) * w).store(y_ptr + pair * H + c0 + c);
-      }
-    }
+    store_weighted_rows<COLS>(scratch, b.rows, sorted.data() + b.start, weights, y_ptr + c0, H);
   });
 
   sum_slots(y_ptr, T, k, H, out);  // step 4

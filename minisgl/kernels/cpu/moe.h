@@ -1,5 +1,6 @@
 // What both fused MoE kernels (moe.cpp for float experts, moe_int8.cpp for W8A8 ones) share: the
-// routing of step 1 (sgl-kernel's moe_align_block_size, as a counting sort), and the stores.
+// routing of step 1 (sgl-kernel's moe_align_block_size, as a counting sort), the activation of
+// step 2, the weighted store of step 3 and the sum of step 4, all in float32.
 #pragma once
 
 #include <vector>
@@ -39,6 +40,32 @@ inline void store_floats(const float* src, T* dst, int64_t n) {
     std::copy_n(src, n, dst);
   } else {
     store_row(src, dst, n);
+  }
+}
+
+// act[r, 0:width] = silu(gate[r]) * up[r] for a block's rows, from float32 scratch rows of `width`.
+template <int64_t width, typename a_t>
+void silu_and_mul_rows(const float* gate, const float* up, int64_t rows, a_t* act, int64_t ld) {
+  using Vec = at::vec::Vectorized<float>;
+  alignas(64) float buf[width];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < width; c += Vec::size()) {
+      const Vec g = Vec::loadu(gate + r * width + c), u = Vec::loadu(up + r * width + c);
+      (g / (Vec(1.f) + g.neg().exp()) * u).store(buf + c);
+    }
+    store_floats(buf, act + r * ld, width);
+  }
+}
+
+// y[pair, 0:width] = weights[pair] * scratch[r] for a block's rows r, pair = pairs[r]: step 3's
+// results back at each (token, slot) pair's own row of y (ld = H), times its routing weight.
+template <int64_t width>
+void store_weighted_rows(const float* scratch, int64_t rows, const int64_t* pairs, const float* weights, float* y,
+                         int64_t ld) {
+  using Vec = at::vec::Vectorized<float>;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Vec w(weights[pairs[r]]);
+    for (int64_t c = 0; c < width; c += Vec::size()) (Vec::loadu(scratch + r * width + c) * w).store(y + pairs[r] * ld + c);
   }
 }
 
