@@ -171,24 +171,28 @@ void for_each_index(int64_t units, Fn&& fn, After&& after = [] {}) {
 
 // Calls fn(m0, m1, nb0, nb1) for every unit of work, a chunk_m-row chunk of M by a run of the NB
 // column panels, on all threads at once, in one parallel region (the packed GEMMs: gemm.cpp,
-// gemm_int8_vnni.cpp). Threads take units one at a time from a shared counter instead of a fixed
+// gemm_int8_vnni.cpp; the fused MoE, with a block of one expert's rows as its chunk: moe.cpp), then
+// after() on each thread. Threads take units one at a time from a shared counter instead of a fixed
 // share each: on a shared machine (a cloud VM) one core often runs slower than the other for a
 // while, and with fixed shares (a parallel region per row chunk, its panels halved) the faster
 // thread waited for it at the end of every region: sampled with perf over 30 layers' prefill GEMMs,
 // libgomp's waiting took 10% of the time then and 6% now. About 8 units per thread keeps the last
 // wait to a fraction of a unit. A unit's panels are consecutive, so within a unit each panel can
 // prefetch the next (gemm.cpp's gemm_rows). Which thread computes a unit never changes its result.
-template <typename Fn>
-void for_each_unit(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn) {
+template <typename Fn, typename After = void (*)()>
+void for_each_unit(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn, After&& after = [] {}) {
   if (M == 0 || NB == 0) return;  // an empty batch: no units (and no division by zero chunks)
   const int64_t chunks = (M + chunk_m - 1) / chunk_m, threads = at::get_num_threads();
   const int64_t wanted = std::min(NB, std::max<int64_t>(1, (8 * threads + chunks - 1) / chunks));  // per chunk
   const int64_t panels_per_unit = (NB + wanted - 1) / wanted;
   const int64_t units_per_chunk = (NB + panels_per_unit - 1) / panels_per_unit;
-  for_each_index(chunks * units_per_chunk, [&](int64_t u) {
-    const int64_t m0 = u / units_per_chunk * chunk_m, nb0 = u % units_per_chunk * panels_per_unit;
-    fn(m0, std::min(M, m0 + chunk_m), nb0, std::min(NB, nb0 + panels_per_unit));
-  });
+  for_each_index(
+      chunks * units_per_chunk,
+      [&](int64_t u) {
+        const int64_t m0 = u / units_per_chunk * chunk_m, nb0 = u % units_per_chunk * panels_per_unit;
+        fn(m0, std::min(M, m0 + chunk_m), nb0, std::min(NB, nb0 + panels_per_unit));
+      },
+      after);
 }
 
 // max(x[0], ..., x[n - 1]) for n >= 1, NaN if any x[i] is NaN, as torch.max (std::max_element is

@@ -39,28 +39,15 @@ constexpr int64_t CHUNK_M = 128;
 // on an AVX-512 AMD EPYC: 4-18% less time in each of five comparisons (bf16 panels and 4 rows too).
 constexpr int64_t STREAM_ROWS = 4;
 
-// Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB. Within a panel the rows go in tiles
-// of nearly equal height (64 rows with AVX-512: 11, 11, 11, 11, 10, 10). Tile t of T prefetches the
-// t-th T-th of the next panel, so the next panel is in L2 once this one is done.
+// Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB, each panel prefetching the next.
 template <typename w_t, typename out_t>
 void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, int64_t K, const out_t* bias,
                int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end, int64_t NB) {
-  const int64_t tiles = (m_end - m_begin + MAX_ROWS - 1) / MAX_ROWS;
   const int64_t panel_size = K * BLOCK_N;
-  const int64_t step_bytes = static_cast<int64_t>(BLOCK_N * sizeof(w_t)) << 16;  // a panel's k-step, 16.16
   for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
     const w_t* panel = B + nb * panel_size;
-    const out_t* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
-    int64_t m = m_begin;
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t height = (m_end - m + (tiles - t) - 1) / (tiles - t);
-      const char* next =
-          nb + 1 < NB ? reinterpret_cast<const char*>(panel + panel_size + t * panel_size / tiles) : nullptr;
-      with_rows<MAX_ROWS>(height, [&]<int R>() {
-        tile<R>(A + m * lda, lda, panel, K, C + m * N + nb * BLOCK_N, N, panel_bias, next, step_bytes / tiles);
-      });
-      m += height;
-    }
+    gemm_panel(A + m_begin * lda, lda, panel, K, C + m_begin * N + nb * BLOCK_N, N, bias ? bias + nb * BLOCK_N : nullptr,
+               m_end - m_begin, nb + 1 < NB ? panel + panel_size : nullptr);
   }
 }
 

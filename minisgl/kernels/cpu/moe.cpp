@@ -33,13 +33,16 @@ namespace {
 
 static_assert(BLOCK_M == VNNI_BLOCK_M);  // a block is one brgemm call (and three FMA tiles)
 
-// bf16 experts in the VNNI layout [N / 32, K / 2, 32, 2]: a block's rows (bf16) times one panel.
+// bf16 experts in the VNNI layout [N / 32, K / 2, 32, 2]: a block's rows (bf16) times one panel,
+// into float32 scratch rows of `width`. (Each layout's multiply also takes the panel that comes
+// next, for the float tiles to prefetch.)
 struct VnniExperts {
   using a_t = at::BFloat16;  // what the tile reads as activations
   using w_t = at::BFloat16;
   static constexpr int64_t width = VNNI_BLOCK_N;
   bool use_brgemm;
-  void multiply(const a_t* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch) const {
+  void multiply(const a_t* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch,
+                const w_t* /*next: these tiles do not prefetch*/) const {
     panel_to_scratch(A, lda, panel, rows, K, use_brgemm, scratch);
   }
   void release() const {
@@ -53,13 +56,9 @@ struct PanelExperts {
   using a_t = float;
   using w_t = W;
   static constexpr int64_t width = BLOCK_N;
-  void multiply(const float* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch) const {
-    for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
-      with_rows<MAX_ROWS>(std::min<int64_t>(MAX_ROWS, rows - r0), [&]<int R>() {
-        tile<R>(A + r0 * lda, lda, panel, K, scratch + r0 * width, width, static_cast<const float*>(nullptr),
-                nullptr, 0);
-      });
-    }
+  void multiply(const float* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch,
+                const w_t* next) const {
+    gemm_panel(A, lda, panel, K, scratch, width, static_cast<const float*>(nullptr), rows, next);
   }
   void release() const {}
 };
@@ -81,32 +80,36 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
     for (int64_t p = p0; p < p1; ++p) at::vec::convert(x + sorted[p] / k * H, xs + p * H, H);
   });
 
-  // Step 2: act = silu(x W1^T) * (x W3^T), per (block, panel of I).
+  // Step 2: act = silu(x W1^T) * (x W3^T), per (block, run of panels of I): a block is the chunk of
+  // for_each_unit's units, and within a run each panel prefetches the next one it multiplies.
   const int64_t panels_i = I / W;
-  for_each_index(
-      NB * panels_i,
-      [&](int64_t u) {
-        const Block& b = blocks[u / panels_i];
-        const int64_t p = u % panels_i;
+  for_each_unit(
+      NB, panels_i, 1,
+      [&](int64_t b0, int64_t, int64_t p0, int64_t p1) {
+        const Block& b = blocks[b0];
         const auto* expert = w13 + b.expert * 2 * I * H;
-        alignas(64) float gate[BLOCK_M * W], up[BLOCK_M * W];
         const a_t* a = xs + b.start * H;
-        experts.multiply(a, H, expert + p * W * H, b.rows, H, gate);
-        experts.multiply(a, H, expert + (p + panels_i) * W * H, b.rows, H, up);
-        silu_and_mul_rows<W>(gate, up, b.rows, act + b.start * I + p * W, I);
+        alignas(64) float gate[BLOCK_M * W], up[BLOCK_M * W];
+        for (int64_t p = p0; p < p1; ++p) {
+          const auto *gate_panel = expert + p * W * H, *up_panel = expert + (p + panels_i) * W * H;
+          experts.multiply(a, H, gate_panel, b.rows, H, gate, up_panel);
+          experts.multiply(a, H, up_panel, b.rows, H, up, p + 1 < p1 ? gate_panel + W * H : nullptr);
+          silu_and_mul_rows<W>(gate, up, b.rows, act + b.start * I + p * W, I);
+        }
       },
       [&] { experts.release(); });
 
-  // Step 3: y[pair] = weight * (act W2^T), per (block, panel of H), back in the pairs' own order.
-  const int64_t panels_h = H / W;
-  for_each_index(
-      NB * panels_h,
-      [&](int64_t u) {
-        const Block& b = blocks[u / panels_h];
-        const int64_t p = u % panels_h;
+  // Step 3: y[pair] = weight * (act W2^T), per (block, run of panels of H), back in the pairs' own order.
+  for_each_unit(
+      NB, H / W, 1,
+      [&](int64_t b0, int64_t, int64_t p0, int64_t p1) {
+        const Block& b = blocks[b0];
         alignas(64) float scratch[BLOCK_M * W];
-        experts.multiply(act + b.start * I, I, w2 + (b.expert * H + p * W) * I, b.rows, I, scratch);
-        store_weighted_rows<W>(scratch, b.rows, sorted.data() + b.start, weights, y + p * W, H);
+        for (int64_t p = p0; p < p1; ++p) {
+          const auto* panel = w2 + (b.expert * H + p * W) * I;
+          experts.multiply(act + b.start * I, I, panel, b.rows, I, scratch, p + 1 < p1 ? panel + W * I : nullptr);
+          store_weighted_rows<W>(scratch, b.rows, sorted.data() + b.start, weights, y + p * W, H);
+        }
       },
       [&] { experts.release(); });
 
