@@ -5,8 +5,8 @@
 //
 // for every token at once, in four steps and two parallel regions, where fused_experts_native
 // (layers/moe/fused_moe_native.py) runs some ten torch operators per chosen expert:
-//   1. route (moe.h): the T * k (token, slot) pairs sorted by expert (a counting sort) and cut into blocks
-//      of at most BLOCK_M pairs of one expert; each pair's token row is copied into place, so that
+//   1. route (moe.h): the T * k (token, slot) pairs sorted by expert (a counting sort) and cut
+//      into blocks of at most BLOCK_M pairs of one expert; each pair's token row is copied into place, so that
 //      a block's rows lie next to each other (the Triton kernel reads them through the sorted ids);
 //   2. gate and up: for each (block, panel of the I intermediate columns), the gate panel and its
 //      up panel (I columns further on in W13) into float32, then silu(gate) * up, into act [T * k, I]
@@ -19,8 +19,9 @@
 // AMX's brgemm where blocks average more than 4 rows), or float panels in any dtype (gemm.h: FMA,
 // activations widened to float32 once, on every CPU the kernels build on). sgl-kernel takes bf16,
 // fp16, int8, fp8 and int4 experts, keeps y in the model dtype and gathers a block's rows per thread;
-// this keeps y in float32 (one rounding at the end) and gathers them once. Omitted: quantized
-// experts, the shared expert kernel, and writing the result in place.
+// this keeps y in float32 (one rounding at the end) and gathers them once. Omitted here: quantized
+// experts (W8A8's are moe_int8.cpp's; fp8 and int4 nowhere), the shared expert kernel, and writing
+// the result in place.
 #include <optional>
 #include <vector>
 
