@@ -6,13 +6,14 @@
 // for every token at once, in four steps and two parallel regions, where fused_experts_native
 // (layers/moe/fused_moe_native.py) runs some ten torch operators per chosen expert:
 //   1. route (moe.h): the T * k (token, slot) pairs sorted by expert (a counting sort) and cut
-//      into blocks of at most BLOCK_M pairs of one expert; each pair's token row is copied into place, so that
-//      a block's rows lie next to each other (the Triton kernel reads them through the sorted ids);
-//   2. gate and up: for each (block, panel of the I intermediate columns), the gate panel and its
-//      up panel (I columns further on in W13) into float32, then silu(gate) * up, into act [T * k, I]
-//      in sorted order;
-//   3. down: for each (block, panel of the H output columns), act's rows times W2's panel, times the
-//      pair's routing weight, in float32 into y at the pair's own place t * k + j;
+//      into blocks of at most BLOCK_M pairs of one expert; each pair's token row is copied into
+//      place, so that a block's rows lie next to each other (the Triton kernel reads them through
+//      the sorted ids);
+//   2. gate and up: for each (block, run of panels of the I intermediate columns), each gate panel
+//      and its up panel (I columns further on in W13) into float32, then silu(gate) * up, into
+//      act [T * k, I] in sorted order;
+//   3. down: for each (block, run of panels of the H output columns), act's rows times W2's panel,
+//      times the pair's routing weight, in float32 into y at the pair's own place t * k + j;
 //   4. out[t] = y[t * k] + ... + y[t * k + k - 1], rounded to the model dtype.
 // The experts come in one of the two layouts a dense weight may have, and each block meets a panel
 // through that layout's own tile: bf16 in the matrix engines' VNNI layout (gemm_vnni.h: vdpbf16ps, or
