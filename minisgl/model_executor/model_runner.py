@@ -306,8 +306,9 @@ class ModelRunner:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
         elif any(isinstance(m, FusedMoE) for m in self.model.modules()):
             # Refused here rather than at the first decode, where the failed trace aborts the batch:
-            # the loop over experts reads the routing on the host (.tolist()), and a router too
-            # narrow for a packed panel goes to a oneDNN call inductor cannot lower.
+            # the fused MoE ops have no shape-only (fake) version, the loop over experts reads the
+            # routing on the host (.tolist()), and a router too narrow for a packed panel goes to a
+            # oneDNN call inductor cannot lower.
             raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MoE models in minisgl")
         else:
             from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
