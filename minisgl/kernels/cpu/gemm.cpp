@@ -46,8 +46,9 @@ void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, i
   const int64_t panel_size = K * BLOCK_N;
   for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
     const w_t* panel = B + nb * panel_size;
-    gemm_panel(A + m_begin * lda, lda, panel, K, C + m_begin * N + nb * BLOCK_N, N, bias ? bias + nb * BLOCK_N : nullptr,
-               m_end - m_begin, nb + 1 < NB ? panel + panel_size : nullptr);
+    const out_t* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
+    gemm_panel(A + m_begin * lda, lda, panel, K, C + m_begin * N + nb * BLOCK_N, N, panel_bias, m_end - m_begin,
+               nb + 1 < NB ? panel + panel_size : nullptr);
   }
 }
 

@@ -45,8 +45,8 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
       });
       for (int64_t j = 0; j < panels; ++j) {
         const int64_t nj = n0 + j * INT8_PANEL_N;
-        epilogue_int8(sums + j * INT8_PANEL_N, rows, panel + j * panel_bytes + K4 * INT8_ROW_BYTES, a_scale + m, w_scale + nj,
-                 bias ? bias + nj : nullptr, N - nj, buf + j * INT8_PANEL_N);
+        epilogue_int8(sums + j * INT8_PANEL_N, rows, panel + j * panel_bytes + K4 * INT8_ROW_BYTES, a_scale + m,
+                      w_scale + nj, bias ? bias + nj : nullptr, N - nj, buf + j * INT8_PANEL_N);
       }
       for (int64_t r = 0; r < rows; ++r) {
         if constexpr (std::is_same_v<out_t, float>) {

@@ -55,8 +55,8 @@ MINISGL_AVX512_VNNI float quantize_row_u8(const scalar_t* x, int64_t K, int64_t 
 // and nothing else live: with a 2-D array, or with the epilogue in the same function, GCC copied
 // every accumulator to another register and back on each k-step, two instructions per vpdpbusd.
 template <int ROWS, int PANELS>
-MINISGL_AVX512_VNNI void tile_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes, int64_t K4,
-                              int32_t* sums) {
+MINISGL_AVX512_VNNI void tile_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes,
+                                   int64_t K4, int32_t* sums) {
   static_assert(PANELS == 1 || PANELS == 2);
   __m512i c0[ROWS], c1[ROWS];
 #pragma GCC unroll 8
@@ -85,8 +85,9 @@ MINISGL_AVX512_VNNI void tile_int8(const uint8_t* a, int64_t lda, const int8_t* 
 // real columns of 16 (comp sits after the panel's K4 rows); the integer subtraction first, so it is
 // exact. The scales and the bias are read in place, masked to the real columns.
 template <typename scalar_t>
-MINISGL_AVX512_VNNI void epilogue_int8(const int32_t* sums, int64_t rows, const int8_t* comp_row, const float* a_scale,
-                                  const float* w_scale, const scalar_t* bias, int64_t cols, float* out) {
+MINISGL_AVX512_VNNI void epilogue_int8(const int32_t* sums, int64_t rows, const int8_t* comp_row,
+                                       const float* a_scale, const float* w_scale, const scalar_t* bias, int64_t cols,
+                                       float* out) {
   const __mmask16 mask = cols >= INT8_PANEL_N ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __m512i comp = _mm512_loadu_si512(comp_row);
   const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale), b = bias ? load16(bias, mask) : _mm512_setzero_ps();

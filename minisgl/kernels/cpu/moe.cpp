@@ -165,7 +165,8 @@ at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& 
       TORCH_CHECK(dtype == at::kBFloat16 && w_dtype == at::kBFloat16,
                   "fused_experts_cpu: VNNI-packed experts are bf16 and multiply bf16 activations, got ", w_dtype,
                   " experts and ", dtype, " activations");
-      TORCH_CHECK(engines().avx512_bf16, "fused_experts_cpu: VNNI-packed experts need avx512_bf16, which this CPU lacks");
+      TORCH_CHECK(engines().avx512_bf16,
+                  "fused_experts_cpu: VNNI-packed experts need avx512_bf16, which this CPU lacks");
       // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
       const bool use_brgemm = engines().amx_bf16 && pairs > 4 * static_cast<int64_t>(blocks.size());
       if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{use_brgemm});

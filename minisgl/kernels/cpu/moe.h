@@ -28,7 +28,9 @@ inline std::vector<Block> route(const int64_t* ids, int64_t pairs, int64_t E, st
   for (int64_t i = 0; i < pairs; ++i) sorted[next[ids[i]]++] = i;
   std::vector<Block> blocks;
   for (int64_t e = 0; e < E; ++e) {
-    for (int64_t s = start[e]; s < start[e + 1]; s += BLOCK_M) blocks.push_back({e, s, std::min(BLOCK_M, start[e + 1] - s)});
+    for (int64_t s = start[e]; s < start[e + 1]; s += BLOCK_M) {
+      blocks.push_back({e, s, std::min(BLOCK_M, start[e + 1] - s)});
+    }
   }
   return blocks;
 }
@@ -65,7 +67,9 @@ void store_weighted_rows(const float* scratch, int64_t rows, const int64_t* pair
   using Vec = at::vec::Vectorized<float>;
   for (int64_t r = 0; r < rows; ++r) {
     const Vec w(weights[pairs[r]]);
-    for (int64_t c = 0; c < width; c += Vec::size()) (Vec::loadu(scratch + r * width + c) * w).store(y + pairs[r] * ld + c);
+    for (int64_t c = 0; c < width; c += Vec::size()) {
+      (Vec::loadu(scratch + r * width + c) * w).store(y + pairs[r] * ld + c);
+    }
   }
 }
 

@@ -65,7 +65,9 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
   m.def("convert_weight_packed_vnni(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
-  m.def("fused_experts_cpu(Tensor hidden_states, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor");
+  m.def(
+      "fused_experts_cpu(Tensor hidden_states, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> "
+      "Tensor");
   m.def(
       "fused_experts_int8_cpu(Tensor hidden_states, Tensor w13, Tensor w13_scale, Tensor w2, Tensor w2_scale, "
       "Tensor topk_weights, Tensor topk_ids) -> Tensor");
