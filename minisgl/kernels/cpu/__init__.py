@@ -3,17 +3,17 @@
 Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
-``weight_packed_linear``, ``fused_experts_cpu`` for float experts, and for W8A8-int8 ``per_token_quant_int8``
-and ``int8_scaled_mm_with_quant``)
+``weight_packed_linear``, ``fused_experts_cpu`` for float experts, and for W8A8-int8 ``per_token_quant_int8``,
+``int8_scaled_mm_with_quant`` and ``fused_experts_int8_cpu``)
 registered under ``torch.ops.minisgl_kernel``, plus ``gguf_mul_mat`` and ``gguf_mul_mat_vec_a8``
 for GGUF blocks kept quantized (sgl-kernel's GGUF GEMMs, ggml_mul_mat_a8 and ggml_mul_mat_vec_a8,
 are CUDA-only), ``argmax_cpu`` for greedy sampling and ``apply_token_bitmask_cpu`` for grammar
 masks, which sgl-kernel has no counterpart of, and ``convert_weight_packed_int8`` (sgl-kernel's
 convert_weight_packed packs int8 weights too, by dtype). SGLang builds a wheel with CMake and
 multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
-``torch.utils.cpp_extension.load`` and caches the library. Omitted: the fused MoE for int8, fp8
-and int4 experts (W8A8's run a loop over experts), fp8 and int4 GEMMs, MLA and the shared-memory
-all-reduce.
+``torch.utils.cpp_extension.load`` and caches the library. Omitted: the fused MoE for fp8 and
+int4 experts, and for W8A8 ones on CPUs without AVX512-VNNI (those loop over their experts), fp8
+and int4 GEMMs, MLA and the shared-memory all-reduce.
 
 Which vector ISA: the one ATen itself dispatches to on this CPU,
 ``torch.backends.cpu.get_cpu_capability()`` (AVX512 or AVX2), since the sources use at::vec, whose

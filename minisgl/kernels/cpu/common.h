@@ -178,7 +178,7 @@ void for_each_index(int64_t units, Fn&& fn, After&& after = [] {}) {
 // thread waited for it at the end of every region: sampled with perf over 30 layers' prefill GEMMs,
 // libgomp's waiting took 10% of the time then and 6% now. About 8 units per thread keeps the last
 // wait to a fraction of a unit. A unit's panels are consecutive, so within a unit each panel can
-// prefetch the next (gemm.cpp's gemm_rows). Which thread computes a unit never changes its result.
+// prefetch the next (gemm.h's gemm_panel). Which thread computes a unit never changes its result.
 template <typename Fn, typename After = void (*)()>
 void for_each_unit(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn, After&& after = [] {}) {
   if (M == 0 || NB == 0) return;  // an empty batch: no units (and no division by zero chunks)
