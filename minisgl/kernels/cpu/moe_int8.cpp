@@ -62,41 +62,42 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
   auto x_scale = at::empty({T}, at::kFloat), xs_scale = at::empty({pairs}, at::kFloat);
   auto act = at::empty({pairs, I}, at::kFloat), act_q = at::empty({pairs, I4 * 4}, at::kByte);
   auto act_scale = at::empty({pairs}, at::kFloat), y = at::empty({pairs, H}, at::kFloat);
-  quantize_rows(x, T, H, xq.data_ptr<uint8_t>(), x_scale.data_ptr<float>());
+  uint8_t *xq_ptr = xq.data_ptr<uint8_t>(), *xs_ptr = xs.data_ptr<uint8_t>(), *act_q_ptr = act_q.data_ptr<uint8_t>();
+  float *x_scale_ptr = x_scale.data_ptr<float>(), *xs_scale_ptr = xs_scale.data_ptr<float>();
+  float *act_ptr = act.data_ptr<float>(), *act_scale_ptr = act_scale.data_ptr<float>(), *y_ptr = y.data_ptr<float>();
+  quantize_rows(x, T, H, xq_ptr, x_scale_ptr);
   at::parallel_for(0, pairs, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t t = sorted[p] / k;
-      std::memcpy(xs.data_ptr<uint8_t>() + p * H4 * 4, xq.data_ptr<uint8_t>() + t * H4 * 4, H4 * 4);
-      xs_scale.data_ptr<float>()[p] = x_scale.data_ptr<float>()[t];
+      std::memcpy(xs_ptr + p * H4 * 4, xq_ptr + t * H4 * 4, H4 * 4);
+      xs_scale_ptr[p] = x_scale_ptr[t];
     }
   });
 
   // Step 2: act = silu(x W1^T) * (x W3^T), per (block, 32 columns of I).
   const int64_t units_i = I / COLS;
-  float* act_ptr = act.data_ptr<float>();
   for_each_index(NB * units_i, [&](int64_t u) {
     const Block& b = blocks[u / units_i];
     const int64_t c0 = u % units_i * COLS;  // the gate columns; the up columns are I further on
     const int8_t* expert = w13 + b.expert * (2 * I / INT8_PANEL_N) * bytes13;
     const float* scales = s13 + b.expert * 2 * I;
     alignas(64) float gate[BLOCK_M * COLS], up[BLOCK_M * COLS];
-    const uint8_t* a = xs.data_ptr<uint8_t>() + b.start * H4 * 4;
-    const float* a_scale = xs_scale.data_ptr<float>() + b.start;
+    const uint8_t* a = xs_ptr + b.start * H4 * 4;
+    const float* a_scale = xs_scale_ptr + b.start;
     pair_to_scratch(a, H4 * 4, a_scale, expert + c0 / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0, b.rows, gate);
     pair_to_scratch(a, H4 * 4, a_scale, expert + (c0 + I) / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0 + I,
                     b.rows, up);
     silu_and_mul_rows<COLS>(gate, up, b.rows, act_ptr + b.start * I + c0, I);
   });
-  quantize_rows(act_ptr, pairs, I, act_q.data_ptr<uint8_t>(), act_scale.data_ptr<float>());  // step 2b
+  quantize_rows(act_ptr, pairs, I, act_q_ptr, act_scale_ptr);  // step 2b
 
   // Step 3: y[pair] = weight * (act W2^T), per (block, 32 columns of H), back in the pairs' own order.
   const int64_t units_h = H / COLS;
-  float* y_ptr = y.data_ptr<float>();
   for_each_index(NB * units_h, [&](int64_t u) {
     const Block& b = blocks[u / units_h];
     const int64_t c0 = u % units_h * COLS;
     alignas(64) float scratch[BLOCK_M * COLS];
-    pair_to_scratch(act_q.data_ptr<uint8_t>() + b.start * I4 * 4, I4 * 4, act_scale.data_ptr<float>() + b.start,
+    pair_to_scratch(act_q_ptr + b.start * I4 * 4, I4 * 4, act_scale_ptr + b.start,
                     w2 + (b.expert * (H / INT8_PANEL_N) + c0 / INT8_PANEL_N) * bytes2, bytes2, I4,
                     s2 + b.expert * H + c0, b.rows, scratch);
     store_weighted_rows<COLS>(scratch, b.rows, sorted.data() + b.start, weights, y_ptr + c0, H);
