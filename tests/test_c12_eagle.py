@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from minisgl.entrypoints.engine import Engine
+from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
+from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from minisgl.server_args import ServerArgs
 from minisgl.speculative.eagle_utils import accept_walk, build_tree_kernel_efficient
 from minisgl.speculative.eagle_worker import EAGLEWorker
@@ -162,14 +164,19 @@ def test_eagle_chain_on_the_cpu_kernels_backend_at_batch_three(tmp_path_factory)
     assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == _plain(arch)
 
 
-@pytest.mark.slow
-def test_eagle_tree_on_the_cpu_kernels_backend_and_a_random_head(tmp_path_factory):
-    # intel_amx's C++ extend kernel is causal only: a tree's mask falls back to torch_native.
-    # No oracle here: the random head's own drafts, almost all rejected.
-    arch, head = "qwen3", _head("qwen3", "EAGLE3", tmp_path_factory)
-    expected = _plain(arch)
-    engine = _eagle(arch, "EAGLE3", head, TREE, attention_backend="intel_amx")
-    assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == expected
+@pytest.mark.parametrize("arch,algorithm", [("llama", "EAGLE"), ("qwen3", "EAGLE3")])
+def test_eagle_tree_on_the_cpu_kernels_backend(arch, algorithm, tmp_path_factory, monkeypatch):
+    # The tree's mask goes to the C++ extend kernel, in verify and in every draft step after the
+    # first; the plain-torch path intel_amx once fell back to is made to fail here. The oracle
+    # makes the head draft the target's tokens, so verify accepts paths below the root.
+    native_extend = TorchNativeAttnBackend.forward_extend
+
+    def no_fallback(self, *args, **kwargs):
+        assert not isinstance(self, IntelAMXAttnBackend), "intel_amx ran an extend in plain torch"
+        return native_extend(self, *args, **kwargs)
+
+    monkeypatch.setattr(TorchNativeAttnBackend, "forward_extend", no_fallback)
+    _check(arch, algorithm, TREE, tmp_path_factory, disable_radix_cache=True, attention_backend="intel_amx")
 
 
 @pytest.mark.slow

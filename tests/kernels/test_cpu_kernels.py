@@ -142,6 +142,87 @@ def test_extend_attention_matches_sdpa(dtype, kv_dtype, prefix_lens, extend_lens
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+def random_tree_mask(prefix, ext, g):
+    """An EAGLE-shaped [ext, prefix + ext] mask: node 0 the root, each later node a child of a
+    random earlier one, seeing the whole prefix, its ancestors and itself."""
+    tree = torch.eye(ext, dtype=torch.bool)
+    for j in range(1, ext):
+        tree[j] |= tree[int(torch.randint(0, j, (1,), generator=g))]
+    return torch.cat([torch.ones(ext, prefix, dtype=torch.bool), tree], dim=1)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS)
+@pytest.mark.parametrize("head_dim", [64, 128, 32])
+def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_dim):
+    """EAGLE's verify: each request's new tokens are a tree (extend lengths past one block of 32
+    too) and see the prefix and their ancestors only, as SDPA with the same boolean mask does."""
+    prefix_lens, extend_lens, g = [0, 17, 130, 5], [8, 40, 16, 1], torch.Generator().manual_seed(3)
+    c = make_paged_case(prefix_lens, extend_lens, 9, 3, head_dim, dtype, 4, kv_dtype)
+    masks = [random_tree_mask(p, e, g) for p, e in zip(prefix_lens, extend_lens)]
+    key, value, loc = new_kv(c, extend_lens, 3, dtype, head_dim)
+    o = torch.empty(sum(extend_lens), 9, head_dim, dtype=dtype)
+    args = [c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"], c["req_pool_indices"]]
+    lens = [c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125]
+    ops.extend_attention_cpu(*args, *lens, torch.cat([m.flatten() for m in masks]))
+    expected, start = [], 0
+    for slots, ext, mask in zip(c["slots"], extend_lens, masks):
+        q = c["q"][start : start + ext].double().transpose(0, 1)
+        k, v = (buf[slots.long()].double().transpose(0, 1) for buf in (c["k_buffer"], c["v_buffer"]))
+        o_ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+        expected.append(o_ref.transpose(0, 1))
+        start += ext
+    torch.testing.assert_close(o.double(), torch.cat(expected), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_extend_attention_with_a_mask_reads_new_keys_from_their_own_slots():
+    """EAGLE's draft steps: a request's lanes are one-token extends sharing its req_to_token row,
+    each in its own slot past the row's prefix, each seeing the prefix's keys that are its
+    ancestors. The kernel must read a lane's key from loc, not from the row."""
+    lanes, prefix = 3, 10
+    c = make_paged_case([prefix], [1], 4, 2, 64, torch.float32, 5)
+    free = torch.tensor(sorted(set(range(len(c["k_buffer"]))) - set(c["slots"][0].tolist())))[:lanes]
+    key, value = torch.randn(lanes, 2, 64), torch.randn(lanes, 2, 64)
+    q = torch.randn(lanes, 4, 64)
+    sees = torch.ones(lanes, prefix + 1, dtype=torch.bool)
+    sees[:, 6:prefix] = torch.rand(lanes, 4, generator=torch.Generator().manual_seed(6)) > 0.5
+    o = torch.empty(lanes, 4, 64)
+    req = c["req_pool_indices"].repeat(lanes)
+    ops.extend_attention_cpu(
+        q, o, c["k_buffer"], c["v_buffer"], key, value, free.long(), c["req_to_token"], req,
+        torch.full((lanes,), prefix + 1), torch.ones(lanes, dtype=torch.int64), torch.arange(lanes), 0.125,
+        sees.flatten(),
+    )  # fmt: skip
+    for lane in range(lanes):
+        slots = torch.cat([c["slots"][0][:prefix].long(), free[lane : lane + 1]])
+        k, v = c["k_buffer"][slots].transpose(0, 1), c["v_buffer"][slots].transpose(0, 1)
+        o_ref = F.scaled_dot_product_attention(
+            q[lane : lane + 1].transpose(0, 1), k, v, attn_mask=sees[lane : lane + 1], scale=0.125, enable_gqa=True
+        )
+        torch.testing.assert_close(o[lane], o_ref.transpose(0, 1)[0], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("fault", ["hides itself", "sees a later token", "wrong size", "not bool"])
+def test_extend_attention_refuses_a_bad_tree_mask(fault):
+    c = make_paged_case([4], [3], 4, 4, 64, torch.float32, seed=7)
+    key, value, loc = new_kv(c, [3], 4, torch.float32)
+    mask = random_tree_mask(4, 3, torch.Generator().manual_seed(8))
+    if fault == "hides itself":
+        mask[1, 5] = False
+    elif fault == "sees a later token":
+        mask[0, 6] = True
+    mask = mask.flatten()
+    if fault == "wrong size":
+        mask = mask[:-1]
+    elif fault == "not bool":
+        mask = mask.to(torch.uint8)
+    message = {"not bool": "must be bool", "wrong size": "extend_len x seq_len"}.get(fault, "itself and no later")
+    with pytest.raises(RuntimeError, match=message):
+        ops.extend_attention_cpu(
+            c["q"], torch.empty(3, 4, 64), c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"],
+            c["req_pool_indices"], c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125, mask,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("k_dtype,v_dtype", [(torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
 def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
     """A float32 model's pool may hold float32 or bfloat16, K and V alike; nothing else."""

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <vector>
 
 namespace minisgl {
@@ -74,6 +75,13 @@ struct Scratch {
 // same call (call id from next_call_id) for the same request. call < 0: none.
 struct KeyReuse {
   int64_t call = -1, request = -1;
+};
+
+// A custom mask over a block's query tokens (extend.cpp: an EAGLE tree): token j of the block sees
+// key t where rows[j * ld + t]. Null: the causal mask alone.
+struct RowMask {
+  const bool* rows = nullptr;
+  int64_t ld = 0;
 };
 
 // Identifies one call of an attention kernel, so that a thread's Scratch never reuses keys
@@ -294,7 +302,7 @@ template <int kDim, typename scalar_t, typename kv_t>
 void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
                   const kv_t* k_buf, const kv_t* v_buf, const int32_t* token_slots, int64_t head_begin,
                   int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc,
-                  const KeyReuse& who = {}) {
+                  const KeyReuse& who = {}, const RowMask& mask = {}) {
   const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
   const int64_t heads = head_end - head_begin;
   const int64_t rows_per_head = count * a.group, rows = heads * rows_per_head;
@@ -344,6 +352,12 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   // for the value tiles that run to their last row's keys.
   for (int64_t r = 0; r < rows; ++r) {
     float* s = sc.scores.data() + r * ld;
+    if (mask.rows) {  // keys the causal mask shows but the custom one hides get no weight
+      const bool* sees = mask.rows + (r % rows_per_head) / a.group * mask.ld;
+      for (int64_t t = 0; t < visible(r); ++t) {
+        if (!sees[t]) s[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
     const float m = max_of(s, visible(r));
     sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
     std::fill(s + visible(r), s + kv_len, 0.f);

@@ -5,18 +5,71 @@
 // The kernel first stores every new token's K/V in the pool (one parallel pass: a block reads
 // keys other threads' tokens bring), so prefix and new keys are then read the same way, through
 // req_to_token. Attention work items are (request, block of new tokens, KV head).
+//
+// An EAGLE tree (minisgl/speculative/eagle_utils.py) narrows the causal mask with a custom one,
+// as SGLang's GPU extend kernels take `custom_mask`; sgl-kernel's CPU kernel has none.
 #include "attention.h"
 
 namespace minisgl {
 
+// A checked custom mask, and the slots it makes the kernel read keys from: per request its
+// req_to_token row up to the prefix, then its new tokens' own slots from `loc`.
+struct TreeMask {
+  const bool* mask = nullptr;
+  std::vector<int64_t> mask_start, slot_start;
+  std::vector<int32_t> slots;
+};
+
+TreeMask tree_mask(const at::Tensor& custom_mask, const at::Tensor& loc, const at::Tensor& req_to_token,
+                   const at::Tensor& req_pool_indices, const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
+                   const at::Tensor& extend_start_loc) {
+  CHECK_INPUT(custom_mask);
+  TORCH_CHECK(custom_mask.scalar_type() == at::kBool, "extend_attention_cpu: custom_mask must be bool");
+  const int64_t bs = seq_lens.size(0), max_context = req_to_token.size(1);
+  const int64_t *lens = seq_lens.data_ptr<int64_t>(), *ext_lens = extend_seq_lens.data_ptr<int64_t>();
+  const int64_t *ext_start = extend_start_loc.data_ptr<int64_t>(), *req_idx = req_pool_indices.data_ptr<int64_t>();
+  const int64_t* loc_p = loc.data_ptr<int64_t>();
+  TreeMask t;
+  t.mask = custom_mask.data_ptr<bool>();
+  int64_t mask_size = 0, slot_size = 0;
+  for (int64_t b = 0; b < bs; ++b) {
+    t.mask_start.push_back(mask_size);
+    t.slot_start.push_back(slot_size);
+    mask_size += ext_lens[b] * lens[b];
+    slot_size += lens[b];
+  }
+  TORCH_CHECK(custom_mask.numel() == mask_size,
+              "extend_attention_cpu: custom_mask must hold extend_len x seq_len entries per request");
+  t.slots.resize(slot_size);
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t prefix = lens[b] - ext_lens[b];
+    std::copy_n(req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, prefix, t.slots.data() + t.slot_start[b]);
+    for (int64_t j = 0; j < ext_lens[b]; ++j) {
+      t.slots[t.slot_start[b] + prefix + j] = static_cast<int32_t>(loc_p[ext_start[b] + j]);
+      const bool* row = t.mask + t.mask_start[b] + j * lens[b];
+      TORCH_CHECK(row[prefix + j] && std::none_of(row + prefix + j + 1, row + lens[b], [](bool m) { return m; }),
+                  "extend_attention_cpu: custom_mask must let each new token see itself and no later token");
+    }
+  }
+  return t;
+}
+
 // q, o: [num_tokens, heads, dim], the requests' new tokens back to back; key, value: their
 // [num_tokens, kv_heads, dim], stored at pool slots `loc`; extend_seq_lens and extend_start_loc
 // say where each request's run starts and how long it is; seq_lens include the new tokens.
+//
+// custom_mask (optional, bool): per request a row-major [extend_len, seq_len] block, back to back,
+// true where a new token may see a key (SGLang's layout, with mask_indptr implied by the lengths).
+// It may only narrow the causal mask: a token sees itself and no later token, which holds for
+// EAGLE's trees because build_tree_kernel_efficient puts every node after its ancestors. With a
+// mask the new tokens' keys are read from `loc`, not req_to_token: EAGLE's draft steps run a
+// request's lanes as one-token extends that share its req_to_token row, each in its own slot.
 void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
                           const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
-                          const at::Tensor& extend_start_loc, double scale) {
+                          const at::Tensor& extend_start_loc, double scale,
+                          const std::optional<at::Tensor>& custom_mask) {
   const PagedAttentionArgs a =
       check_paged_attention(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, scale);
   check_new_kv(a, q, key, value, loc);
@@ -38,6 +91,9 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
     for (int64_t first = 0; first < ext_lens[b]; first += kBlock) blocks.emplace_back(b, first);
   }
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
+  const TreeMask tree = custom_mask ? tree_mask(*custom_mask, loc, req_to_token, req_pool_indices, seq_lens,
+                                                extend_seq_lens, extend_start_loc)
+                                    : TreeMask{};
   const int64_t call = next_call_id();
   MINISGL_DISPATCH_FLOATING_TYPES(q.scalar_type(), "extend_attention_cpu", [&] {
     const int64_t* slots = loc.data_ptr<int64_t>();
@@ -58,11 +114,14 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
             const auto [b, first] = blocks[item % num_blocks];
             const int64_t head = item / num_blocks;
             const int64_t count = std::min(kBlock, ext_lens[b] - first);
+            const int32_t* slots_b = tree.mask ? tree.slots.data() + tree.slot_start[b]
+                                               : req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context;
+            const bool* mask_b = tree.mask ? tree.mask + tree.mask_start[b] + first * lens[b] : nullptr;
             attend_block<kDim>(a, q.data_ptr<scalar_t>() + ext_start[b] * q.stride(0),
                                o.data_ptr<scalar_t>() + ext_start[b] * o.stride(0), o.stride(0),
-                               k_buffer.data_ptr<kv_t>(), v_buffer.data_ptr<kv_t>(),
-                               req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context, head, head + 1,
-                               /*prefix=*/lens[b] - ext_lens[b], first, count, scratch, KeyReuse{call, b});
+                               k_buffer.data_ptr<kv_t>(), v_buffer.data_ptr<kv_t>(), slots_b, head, head + 1,
+                               /*prefix=*/lens[b] - ext_lens[b], first, count, scratch, KeyReuse{call, b},
+                               RowMask{mask_b, lens[b]});
           }
         });
       });

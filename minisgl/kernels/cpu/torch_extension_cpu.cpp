@@ -22,7 +22,8 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
                           const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
                           const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
                           const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
-                          const at::Tensor& extend_start_loc, double scale);
+                          const at::Tensor& extend_start_loc, double scale,
+                          const std::optional<at::Tensor>& custom_mask);
 at::Tensor convert_weight_packed(const at::Tensor& weight);
 at::Tensor convert_weight_packed_vnni(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
@@ -61,7 +62,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def(
       "extend_attention_cpu(Tensor q, Tensor(a!) o, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor key,"
       " Tensor value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens,"
-      " Tensor extend_seq_lens, Tensor extend_start_loc, float scale) -> ()");
+      " Tensor extend_seq_lens, Tensor extend_start_loc, float scale, Tensor? custom_mask=None) -> ()");
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
   m.def("convert_weight_packed_vnni(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");

@@ -13,8 +13,9 @@ As in SGLang, the kernels also store the new tokens' K/V in the pool (the other 
 ``set_kv_buffer`` first). SGLang's kernels also split long sequences across threads and use
 AMX tiles; omitted.
 
-An extend with an EAGLE tree's custom mask also runs the inherited torch_native path: the C++
-extend kernel knows only the causal mask. MLA models (DeepSeek) run through it too:
+An EAGLE tree's custom mask (speculative/eagle_utils.py) goes to the C++ extend kernel too, which
+narrows its causal mask with it; sgl-kernel's CPU kernel takes no mask. MLA models (DeepSeek) run
+through the inherited torch_native path:
 the kernels keep one head's row in registers up to kMaxHeadDim = 256 values, and MLA's
 absorbed key is kv_lora_rank + qk_rope_head_dim wide (576 on DeepSeek-V3), its value a
 view into the same row; and the kernels store K and V rows of their own shape, where the
@@ -55,8 +56,7 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             super().init_forward_metadata(forward_batch)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        # The C++ extend kernel is causal only; an EAGLE tree's custom mask runs in plain torch.
-        if self.use_mla or getattr(forward_batch.spec_info, "custom_mask", None) is not None:
+        if self.use_mla:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         q, o, k_buf, v_buf, k, v = self._prepare(q, k, v, layer, forward_batch, save_kv_cache)
         torch.ops.minisgl_kernel.extend_attention_cpu(
@@ -73,6 +73,7 @@ class IntelAMXAttnBackend(TorchNativeAttnBackend):
             forward_batch.extend_seq_lens,
             forward_batch.extend_start_loc,
             layer.scaling,
+            getattr(forward_batch.spec_info, "custom_mask", None),
         )
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
