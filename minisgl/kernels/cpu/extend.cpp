@@ -11,6 +11,7 @@
 #include "attention.h"
 
 namespace minisgl {
+namespace {
 
 // A checked custom mask, and the slots it makes the kernel read keys from: per request its
 // req_to_token row up to the prefix, then its new tokens' own slots from `loc`.
@@ -53,6 +54,8 @@ TreeMask tree_mask(const at::Tensor& custom_mask, const at::Tensor& loc, const a
   }
   return t;
 }
+
+}  // namespace
 
 // q, o: [num_tokens, heads, dim], the requests' new tokens back to back; key, value: their
 // [num_tokens, kv_heads, dim], stored at pool slots `loc`; extend_seq_lens and extend_start_loc
