@@ -181,10 +181,10 @@ def test_extend_attention_with_a_mask_reads_new_keys_from_their_own_slots():
     lanes, prefix = 3, 10
     c = make_paged_case([prefix], [1], 4, 2, 64, torch.float32, 5)
     free = torch.tensor(sorted(set(range(len(c["k_buffer"]))) - set(c["slots"][0].tolist())))[:lanes]
-    key, value = torch.randn(lanes, 2, 64), torch.randn(lanes, 2, 64)
-    q = torch.randn(lanes, 4, 64)
+    g = torch.Generator().manual_seed(6)
+    key, value, q = (torch.randn(lanes, heads, 64, generator=g) for heads in (2, 2, 4))
     sees = torch.ones(lanes, prefix + 1, dtype=torch.bool)
-    sees[:, 6:prefix] = torch.rand(lanes, 4, generator=torch.Generator().manual_seed(6)) > 0.5
+    sees[:, 6:prefix] = torch.rand(lanes, 4, generator=g) > 0.5
     o = torch.empty(lanes, 4, 64)
     req = c["req_pool_indices"].repeat(lanes)
     ops.extend_attention_cpu(
