@@ -253,7 +253,7 @@ def main() -> None:
             else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} |"
         )
         label = f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<30}"
-        print(f"{label} | {r['tok_s']:6.1f} | {r['speedup']:6.2f}x | {spec}")
+        print(f"{label} | {r['tok_s']:6.1f} | {r.get('speedup', float('nan')):6.2f}x | {spec}")
     if args.json:
         Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "outputs"} for r in rows], indent=2))
 
