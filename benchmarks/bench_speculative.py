@@ -248,7 +248,7 @@ def main() -> None:
             continue
         spec = (
             f"{r['accept_length']:7.2f} | {r['accept_rate']:8.2f} | {r['draft_ms']:8.1f} | {r['verify_ms']:9.1f} | "
-            f"{r['same_tokens']}"
+            f"{r.get('same_tokens')}"
             if "accept_length" in r
             else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} |"
         )
