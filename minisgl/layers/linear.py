@@ -29,6 +29,9 @@ from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
 from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
 
+# A constant for dynamo to read when traced: it refuses to call torch.backends.mkldnn.is_available.
+_HAS_ONEDNN = torch.backends.mkldnn.is_available()
+
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b, on the fastest dense path of the device, for a weight as pack_linear_weight left it.
@@ -42,16 +45,34 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if weight.dim() in (3, 4):  # panels from convert_weight_packed(_vnni) (minisgl/kernels/cpu/gemm*.cpp)
         y = torch.ops.minisgl_kernel.weight_packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
-    if weight.is_mkldnn or (x.is_cpu and torch.backends.mkldnn.is_available()):
+    if weight.is_mkldnn or (x.is_cpu and _HAS_ONEDNN):
         x2d = x.reshape(-1, x.shape[-1])
         if weight.dtype != x.dtype:  # a float32 copy of a 16-bit weight oneDNN cannot multiply here
-            y = torch.ops.mkldnn._linear_pointwise(
-                x2d.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype), "none", [], ""
-            ).to(x.dtype)
+            y = _onednn_linear(x2d.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))
+            y = y.to(x.dtype)
         else:
-            y = torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+            y = _onednn_linear(x2d, weight, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
     return F.linear(x, weight, bias)
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # Traced by torch.compile (CPUGraphRunner), the call goes through an op of minisgl's own that
+    # inductor calls as it is: inductor's lowering of mkldnn._linear_pointwise fails on a weight
+    # already in oneDNN's blocked layout (an MoE router, too narrow for a packed panel, has one).
+    if torch.compiler.is_compiling():
+        return onednn_linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@torch.library.custom_op("minisgl::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -80,7 +101,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.minisgl_kernel.convert_weight_packed_vnni(weight)
     if has_packed_gemm() and weight.shape[0] % packed_gemm_block_n() == 0 and not _onednn_is_faster(weight.dtype):
         return torch.ops.minisgl_kernel.convert_weight_packed(weight)
-    if not torch.backends.mkldnn.is_available():
+    if not _HAS_ONEDNN:
         return weight
     # The hint is the batch size oneDNN tunes the layout for; any batch size works.
     return torch.ops.mkldnn._reorder_linear_weight(weight if _onednn_supports(weight.dtype) else weight.float(), 64)
@@ -104,7 +125,7 @@ def _onednn_is_faster(dtype: torch.dtype) -> bool:
     projection at batch 64, where the two differ most: minisgl's GEMM prefetches the weight
     stream, oneDNN computes faster once the weights are in cache.
     """
-    if not (torch.backends.mkldnn.is_available() and _onednn_supports(dtype)):
+    if not (_HAS_ONEDNN and _onednn_supports(dtype)):
         return False
     if not has_packed_gemm():
         return True

@@ -84,6 +84,14 @@ def register_fake_ops() -> None:
     def _(x, qweight, weight_type, bias, use_avx2):
         return x.new_empty(x.shape[0], qweight.shape[0])
 
+    @torch.library.register_fake(ops + "fused_experts_cpu")
+    def _(hidden_states, w13, w2, topk_weights, topk_ids):
+        return torch.empty_like(hidden_states)
+
+    @torch.library.register_fake(ops + "fused_experts_int8_cpu")
+    def _(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids):
+        return torch.empty_like(hidden_states)
+
     @torch.library.register_fake(ops + "argmax_cpu")
     def _(logits):
         return logits.new_empty(logits.shape[0], dtype=torch.int64)

@@ -304,13 +304,18 @@ class ModelRunner:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
         elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
-        elif any(isinstance(m, FusedMoE) for m in self.model.modules()):
-            # Refused here rather than at the first decode, where the failed trace aborts the batch:
-            # the fused MoE ops have no shape-only (fake) version, the loop over experts reads the
-            # routing on the host (.tolist()), and a router too narrow for a packed panel goes to a
-            # oneDNN call inductor cannot lower.
-            raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MoE models in minisgl")
         else:
+            # Refused here rather than at the first decode, where the failed trace would abort the batch.
+            if self.use_mla_backend:  # the intel_amx backend runs MLA on torch_native's per-request loop
+                raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MLA attention in minisgl")
+            for m in self.model.modules():
+                if isinstance(m, FusedMoE) and not m.quant_method.runs_in_one_call(m):
+                    # The loop over experts reads the routing on the host (.tolist()).
+                    raise ValueError(
+                        f"enable_torch_compile: {type(m.quant_method).__name__} runs these experts in a loop, "
+                        "which CPUGraphRunner cannot trace (the fused CPU kernel needs the hidden and "
+                        "intermediate sizes in whole panels, and W8A8 experts AVX512-VNNI)"
+                    )
             from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 
             self.graph_runner = CPUGraphRunner(self)

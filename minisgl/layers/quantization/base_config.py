@@ -80,6 +80,11 @@ class FusedMoEMethodBase(QuantizeMethodBase):
         """The experts' output for routed tokens (SGLang passes a DispatchOutput; minisgl has no
         expert parallelism to dispatch over, so the routing itself)."""
 
+    def runs_in_one_call(self, layer: nn.Module) -> bool:
+        """Whether ``apply`` is one fused op, which torch.compile traces through its fake, rather
+        than a loop over experts that reads the routing on the host (CPUGraphRunner asks)."""
+        return False
+
 
 class QuantizationConfig(ABC):
     """A checkpoint's quantization scheme: its name, how to read it, which method each layer gets."""

@@ -94,6 +94,9 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
             )
         return fused_experts_native(x, layer.w13_packed, layer.w2_packed, topk_weights, topk_ids, apply_linear)
 
+    def runs_in_one_call(self, layer: nn.Module) -> bool:
+        return isinstance(layer.w13_packed, torch.Tensor)
+
 
 def _fused_experts_cpu_layout(w13: torch.Tensor, w2: torch.Tensor) -> Optional[str]:
     """How fused_experts_cpu (kernels/cpu/moe.cpp) takes these experts, or None where it cannot:

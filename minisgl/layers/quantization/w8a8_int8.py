@@ -169,6 +169,9 @@ class W8A8Int8MoEMethod(FusedMoEMethodBase):
 
         return fused_experts_native(x, layer.w13_int8, layer.w2_int8, topk_weights, topk_ids, linear)
 
+    def runs_in_one_call(self, layer: nn.Module) -> bool:
+        return isinstance(layer.w13_int8, tuple)
+
 
 def _fused_experts_int8_runs(weight: torch.Tensor, hidden: int, inter: int) -> bool:
     """Whether fused_experts_int8_cpu (kernels/cpu/moe_int8.cpp) takes these experts: on a CPU with
