@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from minisgl.tools.eagle_data import engine_features, generate, self_prompts, target_features
 from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.train_eagle import served_walk, train
+from minisgl.tools.train_eagle import epoch_batches, served_walk, train
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,22 @@ def test_served_walk_starts_each_round_where_the_last_one_ended():
     kept = [9, 9, 2, 9, 9, 0, 3, 9, 9, 9, 9]
     assert served_walk(kept, first=2, end=10) == [3, 1, 4]
     assert served_walk(kept, first=2, end=2) == []  # an answer too short for a whole chain
+
+
+def test_epoch_batches_cover_every_row_once_with_less_padding():
+    torch.manual_seed(0)
+    lengths = torch.randint(20, 300, (500,))
+    rows = torch.arange(10, 500)  # the first 10 are held out
+    batches = epoch_batches(rows, lengths, batch_size=8)
+    assert sorted(torch.cat(batches).tolist()) == rows.tolist()
+    assert all(1 <= len(b) <= 8 for b in batches) and sum(len(b) < 8 for b in batches) <= 4  # a short one per pool
+
+    def padding(batches):
+        return sum(int(lengths[b].max()) * len(b) - int(lengths[b].sum()) for b in batches)
+
+    random_order = rows[torch.randperm(len(rows))].split(8)
+    assert padding(batches) < padding(random_order) / 4
+    assert epoch_batches(rows, lengths, batch_size=8)[0].tolist() != batches[0].tolist()  # a new order each epoch
 
 
 def test_self_prompts_sample_the_users_turn_and_keep_finished_questions():

@@ -24,9 +24,10 @@ elsewhere, e.g. by SpecForge; this is the small version of that recipe):
    EAGLE's: cross-entropy against the target's next-token distribution over the reduced
    vocabulary, plus (EAGLE only) SmoothL1 regression of the target's next feature; later
    chain steps weigh 0.8^s (EAGLE-3's training-time test). Each step takes --batch-size
-   sequences in a shuffled order that covers all of them before it repeats (epochs). Where
-   the CPU multiplies bf16 natively (AVX512-BF16, AMX) the head trains under bf16 autocast,
-   about 2.8x faster here with the same loss curve; elsewhere in float32.
+   sequences of similar length (epoch_batches), in a shuffled order that covers all of them
+   before it repeats (epochs). Where the CPU multiplies bf16 natively (AVX512-BF16, AMX) the
+   head trains under bf16 autocast, about 2.8x faster here with the same loss curve;
+   elsewhere in float32.
 4. A reduced vocabulary, for a cheaper draft LM head: the --hot-vocab-size tokens the
    target predicts most often. EAGLE gets it as --speculative-token-map FILE, EAGLE3 as its
    draft_vocab_size with d2t/t2d (SGLang's formats; see eagle_head.py).
@@ -56,7 +57,9 @@ from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, cache_root, resolve_mo
 from minisgl.tools.eagle_data import bf16_autocast, engine_features, generate, repo_prompts, target_features
 from minisgl.tools.eagle_head import ALGORITHMS, EagleHead
 
-VERSION = 3  # bump when the recipe changes, so cached heads are not reused across recipes
+# Bump when the recipe changes, so cached files are not reused across recipes: DATA_VERSION for
+# the generated answers, VERSION for the training (a new one retrains on the cached answers).
+DATA_VERSION, VERSION = 3, 4
 
 
 def progress(message: str) -> None:
@@ -70,16 +73,36 @@ def chain_losses(head: EagleHead, data: dict, rows, num_steps: int, target_rows:
     tokens, final = data["tokens"][rows, :length], data["final"][rows, :length]
     results = head.unroll(tokens, data["first_feature"][rows, :n], num_steps)
     index = torch.arange(n)
+    # The target's next-token distribution over the hot ids at positions 1..length - 1, once:
+    # chain step s reads it shifted by s.
+    teacher = (final[:, 1:] @ target_rows.T).softmax(-1)
     total = 0.0
     for s, (logits, feature) in enumerate(results):
         target = final[:, s + 1 : s + 1 + n]  # the target at position i + s + 1 predicts token i + s + 2
         valid = (index + s + 1 < data["lengths"][rows, None]).float()  # [b, n]
-        probs = (target @ target_rows.T).softmax(-1)
+        probs = teacher[:, s : s + n]
         loss = -(probs * logits.log_softmax(-1)).sum(-1)
         if not head.eagle3:  # EAGLE regresses the next feature too (EAGLE-1's weights: 1.0 and 0.1)
             loss = 0.1 * loss + F.smooth_l1_loss(feature, target, reduction="none").mean(-1)
         total = total + 0.8**s * (loss * valid).sum() / valid.sum()
     return total
+
+
+def epoch_batches(rows: torch.Tensor, lengths: torch.Tensor, batch_size: int, pool: int = 16) -> list[torch.Tensor]:
+    """One epoch of batches in a random order, each of rows of similar length.
+
+    A batch is padded to its longest row, and with rows drawn at random a fifth of the default
+    data's batch was padding. Shuffled rows are taken ``pool`` batches at a time and sorted by
+    length before they are cut (a bucketing sampler), so batches stay random but tight.
+    Every row is in one batch; a pool's last batch may be short.
+    """
+    order = rows[torch.randperm(len(rows))]
+    batches = []
+    for start in range(0, len(order), batch_size * pool):
+        group = order[start : start + batch_size * pool]
+        group = group[lengths[group].argsort()]
+        batches += list(group.split(batch_size))
+    return [batches[i] for i in torch.randperm(len(batches)).tolist()]
 
 
 def served_walk(kept: list[int], first: int, end: int) -> list[int]:
@@ -154,11 +177,11 @@ def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead
     )
     head.train()
     start = time.perf_counter()
-    order = torch.empty(0, dtype=torch.long)
+    batches: list[torch.Tensor] = []
     for step in range(args.train_steps):
-        if len(order) < args.batch_size:  # a new epoch: every training row once, in a new order
-            order = train_rows[torch.randperm(len(train_rows))]
-        rows, order = order[: args.batch_size], order[args.batch_size :]
+        if not batches:  # a new epoch: every training row once, in a new order
+            batches = epoch_batches(train_rows, data["lengths"], args.batch_size)
+        rows = batches.pop()
         with bf16_autocast():
             loss = chain_losses(head, data, rows, args.num_steps, target_rows)
         optimizer.zero_grad()
@@ -183,11 +206,11 @@ def train(args: argparse.Namespace, data: dict, log=progress) -> tuple[EagleHead
     return head, stats
 
 
-def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...]) -> str:
-    """A digest of the target's files (config, weight sizes) and the named arguments."""
+def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...], version: int = VERSION) -> str:
+    """A digest of the recipe's version, the target's files (config, weight sizes) and the named arguments."""
     model = pathlib.Path(model_path)
     weights = sorted((f.name, f.stat().st_size) for f in model.glob("*.safetensors"))
-    payload = {"version": VERSION, "config": (model / "config.json").read_text(), "weights": weights}
+    payload = {"version": version, "config": (model / "config.json").read_text(), "weights": weights}
     payload.update({f: getattr(args, f) for f in fields})
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -195,7 +218,7 @@ def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...]
 def self_distillation_data(args: argparse.Namespace, model_path: str, log=progress):
     """The generated sequences and their final hidden states, cached once per (model, prompts,
     lengths) for both algorithms."""
-    key = cache_key(args, model_path, ("num_prompts", "num_self_prompts", "max_new_tokens", "seed"))
+    key = cache_key(args, model_path, ("num_prompts", "num_self_prompts", "max_new_tokens", "seed"), DATA_VERSION)
     path = cache_root() / "eagle" / f"answers-{key}.pt"
     if path.is_file():
         return torch.load(path)
@@ -223,9 +246,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
     parser.add_argument("--hot-vocab-size", type=int, default=2048, help="tokens the head can draft")
     parser.add_argument("--num-steps", type=int, default=3, help="draft chain length trained and estimated")
-    parser.add_argument("--train-steps", type=int, default=900)
+    parser.add_argument("--train-steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args(argv)
