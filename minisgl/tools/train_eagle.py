@@ -91,8 +91,8 @@ def chain_losses(head: EagleHead, data: dict, rows, num_steps: int, target_rows:
 def epoch_batches(rows: torch.Tensor, lengths: torch.Tensor, batch_size: int, pool: int = 16) -> list[torch.Tensor]:
     """One epoch of batches in a random order, each of rows of similar length.
 
-    A batch is padded to its longest row, and with rows drawn at random a fifth of the default
-    data's batch was padding. Shuffled rows are taken ``pool`` batches at a time and sorted by
+    A batch is padded to its longest row, and with rows drawn at random 18% of a batch of the
+    default data was padding. Shuffled rows are taken ``pool`` batches at a time and sorted by
     length before they are cut (a bucketing sampler), so batches stay random but tight.
     Every row is in one batch; a pool's last batch may be short.
     """
