@@ -275,6 +275,13 @@ def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (5, 4, 8)
 
 
+def test_eagle_refuses_torch_compile(tmp_path_factory):
+    """CPUGraphRunner compiles plain decode, which an EAGLE round never runs: refused, not ignored."""
+    with pytest.raises(ValueError, match="enable_torch_compile with EAGLE"):
+        head = _head("llama", "EAGLE", tmp_path_factory)
+        _eagle("llama", "EAGLE", head, CHAIN, attention_backend="intel_amx", enable_torch_compile=True)
+
+
 def test_eagle_golden_trace_matches():
     fresh, golden = fresh_and_golden("eagle_decoding")
     assert fresh == golden, "EAGLE trace changed: review, then python -m minisgl.tools.refresh_traces eagle_decoding"
