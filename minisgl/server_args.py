@@ -323,6 +323,11 @@ class ServerArgs:
             )
         if self.torch_compile_max_bs < 1:
             raise ValueError("torch_compile_max_bs must be >= 1")
+        if self.enable_torch_compile and (self.enable_return_routed_experts or self.expert_distribution_recorder_mode):
+            raise ValueError(
+                "enable_torch_compile with enable_return_routed_experts or expert_distribution_recorder_mode: "
+                "their hooks run Python on every forward, which a compiled forward would skip"
+            )
         for name in ("max_request_bytes", "http_read_timeout", "http_body_timeout", "grammar_compile_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -219,6 +219,13 @@ def test_torch_compile_is_refused_where_experts_run_in_a_loop(monkeypatch):
         Engine(model_path=tiny_model_dir("mixtral"), max_total_tokens=512, enable_torch_compile=True)
 
 
+def test_torch_compile_is_refused_beside_the_moe_observers():
+    """Their hooks run Python on every forward; compiled, they would be skipped (it used to be, silently)."""
+    for observer in (dict(enable_return_routed_experts=True), dict(expert_distribution_recorder_mode="stat")):
+        with pytest.raises(ValueError, match="enable_torch_compile with enable_return_routed_experts"):
+            Engine(model_path=tiny_model_dir("mixtral"), max_total_tokens=512, enable_torch_compile=True, **observer)
+
+
 def test_torch_compile_is_refused_for_mla_attention():
     with pytest.raises(ValueError, match="does not trace MLA attention"):
         Engine(model_path=tiny_model_dir("deepseek_v2"), max_total_tokens=512, enable_torch_compile=True)

@@ -298,27 +298,26 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(self)
 
     def init_cpu_graph(self) -> None:
-        # ServerArgs allows enable_torch_compile only with intel_amx: torch_native's decode loops
-        # over requests in Python, which a compiled graph would bake in for one batch.
+        # ServerArgs allows enable_torch_compile only with intel_amx (torch_native's decode loops over
+        # requests in Python, which a compiled graph would bake in for one batch), and not beside the
+        # MoE observers, whose hooks a compiled forward would skip.
         if not self.server_args.enable_torch_compile:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
-        elif self.server_args.enable_return_routed_experts or self.server_args.expert_distribution_recorder_mode:
-            tracing.point("ModelRunner.init_device_graphs.skipped", reason="MoE observers are on")
-        else:
-            # Refused here rather than at the first decode, where the failed trace would abort the batch.
-            if self.use_mla_backend:  # the intel_amx backend runs MLA on torch_native's per-request loop
-                raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MLA attention in minisgl")
-            for m in self.model.modules():
-                if isinstance(m, FusedMoE) and not m.quant_method.runs_in_one_call(m):
-                    # The loop over experts reads the routing on the host (.tolist()).
-                    raise ValueError(
-                        f"enable_torch_compile: {type(m.quant_method).__name__} runs these experts in a loop, "
-                        "which CPUGraphRunner cannot trace (the fused CPU kernel needs the hidden and "
-                        "intermediate sizes in whole panels, and W8A8 experts AVX512-VNNI)"
-                    )
-            from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+            return
+        # Refused here rather than at the first decode, where the failed trace would abort the batch.
+        if self.use_mla_backend:  # the intel_amx backend runs MLA on torch_native's per-request loop
+            raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MLA attention in minisgl")
+        for m in self.model.modules():
+            if isinstance(m, FusedMoE) and not m.quant_method.runs_in_one_call(m):
+                # The loop over experts reads the routing on the host (.tolist()).
+                raise ValueError(
+                    f"enable_torch_compile: {type(m.quant_method).__name__} runs these experts in a loop, "
+                    "which CPUGraphRunner cannot trace (the fused CPU kernel needs the hidden and "
+                    "intermediate sizes in whole panels, and W8A8 experts AVX512-VNNI)"
+                )
+        from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 
-            self.graph_runner = CPUGraphRunner(self)
+        self.graph_runner = CPUGraphRunner(self)
 
     # ---- forward -------------------------------------------------------------------------
 
