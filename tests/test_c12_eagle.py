@@ -277,8 +277,8 @@ def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
 
 def test_eagle_refuses_torch_compile(tmp_path_factory):
     """CPUGraphRunner compiles plain decode, which an EAGLE round never runs: refused, not ignored."""
+    head = _head("llama", "EAGLE", tmp_path_factory)
     with pytest.raises(ValueError, match="enable_torch_compile with EAGLE"):
-        head = _head("llama", "EAGLE", tmp_path_factory)
         _eagle("llama", "EAGLE", head, CHAIN, attention_backend="intel_amx", enable_torch_compile=True)
 
 
