@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from minisgl.entrypoints.engine import Engine
+from minisgl.kernels.cpu import can_build
 from minisgl.managers.tp_worker import TpModelWorker
 from minisgl.server_args import ServerArgs
 from minisgl.speculative.standalone_worker import StandaloneWorker
@@ -62,6 +63,19 @@ def test_c12_greedy_is_token_for_token_the_target(arch, drafts):
         assert meta["spec_accept_rate"] == meta["spec_accept_token_num"] / meta["spec_draft_token_num"]
         if draft == target:
             assert meta["spec_accept_rate"] == 1.0 and meta["spec_accept_length"] > steps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs minisgl's C++ CPU kernels")
+def test_c12_standalone_draft_decodes_compiled(drafts):
+    """The draft's steps are plain decodes, which CPUGraphRunner compiles (the target verifies eagerly);
+    the output is still the target's."""
+    target, amx = tiny_model_dir("llama"), dict(attention_backend="intel_amx")
+    expected = _ids(Engine(model_path=target, **{**KW, **amx}).generate(input_ids=PROMPTS, sampling_params=GREEDY))
+    engine = _spec(target, drafts["llama"], **amx, enable_torch_compile=True, torch_compile_max_bs=4)
+    assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == expected
+    assert engine.scheduler.draft_worker.model_runner.graph_runner.compile_seconds  # the draft ran compiled
+    assert not engine.scheduler.tp_worker.model_runner.graph_runner.compile_seconds  # verify is not a decode
 
 
 def test_c12_a_foreign_draft_only_costs_speed(drafts):
