@@ -15,7 +15,10 @@ row multiplies the VNNI-packed weight the bfloat16 model then uses instead (vdpb
 gemm_vnni.cpp). The "int8" rows are W8A8-int8 with bfloat16 activations, as
 --quantization w8a8_int8 runs in a bfloat16 model: "int8 avx2" on k-pairs with vpmaddwd
 (gemm_int8.cpp), and where the CPU has AVX512-VNNI "int8 vnni" on k-quads with vpdpbusd
-(gemm_int8_vnni.cpp), the one such a CPU uses. Each block type has two rows: "gguf Q4_1" is
+(gemm_int8_vnni.cpp), the one such a CPU uses. The "brgemm" rows multiply the same VNNI weights
+with MINISGL_BRGEMM=1, blocks over 4 rows through oneDNN's brgemm (AMX tiles on an AMX CPU, oneDNN's
+AVX-512 code elsewhere), and the "vnni" rows with MINISGL_BRGEMM=0, on minisgl's own tiles
+whatever the CPU: the AMX path against the tiles, on the same weights. Each block type has two rows: "gguf Q4_1" is
 the weight-only GEMM with float activations (gguf_mul_mat, gemm_gguf.cpp), "Q4_1 a8" the integer
 one that rounds the activations to int8 per block (gguf_mul_mat_vec_a8, gemm_gguf_vec.cpp);
 layers/quantization/gguf_kernel.py takes the second up to MMVQ_MAX_ROWS rows. The last column is
@@ -25,6 +28,7 @@ float32 time / this row's time (above 1: faster than float32).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -46,6 +50,7 @@ def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
     ops = torch.ops.minisgl_kernel
     kinds: dict[str, list] = {"float32": [], "bfloat16": []}
     engines = {"bf16 vnni": "avx512_bf16", "int8 avx2": None, "int8 vnni": "avx512_vnni"}
+    engines.update({"bf16 brgemm": "avx512_bf16", "int8 brgemm": "avx512_vnni"})
     engines = {kind: feature for kind, feature in engines.items() if feature is None or feature in cpu_features()}
     kinds.update({kind: [] for kind in engines})
     for t in types:
@@ -61,10 +66,11 @@ def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
             kinds["bfloat16"].append((k, lambda x, p=p16: ops.weight_packed_linear(x.bfloat16(), p, None)))
             if "bf16 vnni" in engines:
                 pv = ops.convert_weight_packed_vnni(w.bfloat16())
-                kinds["bf16 vnni"].append((k, lambda x, p=pv: ops.weight_packed_linear(x.bfloat16(), p, None)))
-            for kind in ("int8 avx2", "int8 vnni"):
+                for kind in ("bf16 vnni", "bf16 brgemm"):
+                    kinds[kind].append((k, lambda x, p=pv: ops.weight_packed_linear(x.bfloat16(), p, None)))
+            for kind in ("int8 avx2", "int8 vnni", "int8 brgemm"):
                 if kind in engines:
-                    pq = pack_int8_weight(w_q, kind.replace("int8 ", "").replace("vnni", "avx512_vnni"))
+                    pq = pack_int8_weight(w_q, "avx2" if kind == "int8 avx2" else "avx512_vnni")
                     kinds[kind].append(
                         (k, lambda x, p=pq, s=w_scale: int8_scaled_mm_with_quant(x.bfloat16(), p, s, None))
                     )
@@ -81,11 +87,13 @@ def measure(m: int, kinds: dict[str, list], rounds: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {kind: [] for kind in kinds}
     for r in range(rounds + 1):  # round 0 warms up
         for kind, gemms in kinds.items():
+            os.environ["MINISGL_BRGEMM"] = "1" if kind.endswith("brgemm") else "0"  # read by every call
             start = time.perf_counter()
             for k, fn in gemms:
                 fn(x[k])
             if r:
                 samples[kind].append(time.perf_counter() - start)
+    del os.environ["MINISGL_BRGEMM"]
     return {kind: statistics.median(times) for kind, times in samples.items()}
 
 
@@ -102,13 +110,13 @@ def main() -> None:
     features = ", ".join(sorted(cpu_features()))
     print(f"threads {torch.get_num_threads()}, CPU features {features}, GGUF AVX2 path {gguf_gemm_uses_avx2()}")
     print(f"{args.layers} layers")
-    print(f"{'M':>4} {'GEMM':>10} {'ms/pass':>9} {'GFLOP/s':>8} {'float32/this':>13}")
+    print(f"{'M':>4} {'GEMM':>11} {'ms/pass':>9} {'GFLOP/s':>8} {'float32/this':>13}")
     for m in (int(v) for v in args.m.split(",")):
         rows = measure(m, kinds, args.rounds)
         flops = args.layers * sum(2 * m * n * k for n, k in SHAPES.values())
         for kind, seconds in rows.items():
             ratio = rows["float32"] / seconds
-            print(f"{m:>4} {kind:>10} {seconds * 1e3:>9.2f} {flops / seconds / 1e9:>8.2f} {ratio:>13.2f}")
+            print(f"{m:>4} {kind:>11} {seconds * 1e3:>9.2f} {flops / seconds / 1e9:>8.2f} {ratio:>13.2f}")
 
 
 if __name__ == "__main__":

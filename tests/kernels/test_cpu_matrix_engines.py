@@ -2,13 +2,16 @@
 
 The VNNI layout is pure data movement and is checked on every CPU. The GEMMs that read it run
 only where the CPU has their engine (vdpbf16ps: avx512_bf16; AMX tiles: amx_bf16, amx_fp16);
-elsewhere their tests skip and say which feature is missing. The code itself is compiled on every
+elsewhere their tests skip and say which feature is missing. The AMX path's code runs on any
+avx512_bf16 CPU with MINISGL_BRGEMM=1, oneDNN's brgemm multiplying without tiles there. The code itself is compiled on every
 x86 machine (the AVX-512 functions carry their ISA in a target attribute), and
 test_matrix_engine_sources_compile_with_their_isa_flags compiles it once more as an AVX-512/AMX
 build does, so that a machine without those engines still catches an error in it.
 """
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,9 +104,64 @@ def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
 
 
 @pytest.mark.parametrize("rows", [5, 33, 300])
-def test_bf16_amx_brgemm_matches_float64(rows):
-    needs("amx_bf16")
+def test_bf16_brgemm_matches_float64(rows, monkeypatch):
+    """The AMX path: oneDNN's brgemm into a float32 scratch, then bias and bf16 rounding. MINISGL_BRGEMM=1
+    takes it on any avx512_bf16 CPU (oneDNN then multiplies with vdpbf16ps instead of AMX tiles)."""
+    needs("avx512_bf16")
+    monkeypatch.setenv("MINISGL_BRGEMM", "1")
     check_vnni_gemm(torch.bfloat16, rows, True)
+
+
+# Every kernel with a brgemm path, at 8 rows (blocks of more than 4 rows go to brgemm when it is on).
+BRGEMM_CALLS = """
+import torch
+import minisgl.kernels.cpu
+from tests.kernels.test_fused_moe import make_moe_case
+from tests.kernels.test_fused_moe_int8 import w8a8_moe
+ops = torch.ops.minisgl_kernel
+x = torch.randn(8, 64).bfloat16()
+ops.weight_packed_linear(x, ops.convert_weight_packed_vnni(torch.randn(64, 64).bfloat16()), None)
+w_q = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+ops.int8_scaled_mm_with_quant(x, ops.convert_weight_packed_int8_vnni(w_q), torch.rand(32), None, torch.bfloat16, True)
+case = make_moe_case(16, 64, 32, 2, 1, torch.bfloat16, seed=0)  # 16 rows over 2 experts: 8 a block
+vnni, args = ops.convert_weight_packed_vnni, (case["hidden_states"], case["topk_weights"], case["topk_ids"])
+ops.fused_experts_cpu(args[0], vnni(case["w1"]), vnni(case["w2"]), *args[1:])
+layer, method = w8a8_moe(case, 2, 64, 32, torch.bfloat16)
+assert isinstance(layer.w13_int8, tuple)  # the fused kernel's stacks
+method.apply(layer, *args)
+"""
+
+
+def brgemm_calls_seen(mode: str) -> set[tuple[str, str]]:
+    """oneDNN's own log (ONEDNN_VERBOSE) of the brgemm calls BRGEMM_CALLS made: (A's type, MxK:KxN)."""
+    env = {**os.environ, "MINISGL_BRGEMM": mode, "ONEDNN_VERBOSE": "all"}
+    result = subprocess.run(
+        [sys.executable, "-c", BRGEMM_CALLS], env=env, capture_output=True, text=True, cwd=Path(__file__).parents[2]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = [line.split(",") for line in (result.stdout + result.stderr).splitlines()]
+    return {(f[8].split(":")[1], f[11].split(":", 1)[1]) for f in fields if f[2:6] == ["ukernel", "exec", "cpu", "brgemm"]}
+
+
+def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked():
+    """MINISGL_BRGEMM=1: each kernel calls oneDNN's brgemm, told apart by operand type and shape
+    (K x N of a panel); 0: none does. oneDNN logs each call, so the path is seen, not inferred."""
+    needs("avx512_bf16")
+    needs("avx512_vnni")
+    on = brgemm_calls_seen("1")
+    assert ("bf16", "64x32") in on  # the bf16 GEMM, and the fused MoE's gate/up (K = H = 64)
+    assert ("bf16", "32x32") in on  # the fused MoE's down projection (K = I = 32)
+    assert ("u8", "64x16") in on  # the int8 GEMM and the int8 MoE's gate/up, on 16-column panels
+    assert ("u8", "32x16") in on  # the int8 MoE's down projection
+    assert brgemm_calls_seen("0") == set()
+
+
+def test_minisgl_brgemm_refuses_other_values(monkeypatch):
+    needs("avx512_bf16")
+    monkeypatch.setenv("MINISGL_BRGEMM", "yes")
+    packed = ops.convert_weight_packed_vnni(torch.randn(64, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="MINISGL_BRGEMM must be 0 or 1, got 'yes'"):
+        ops.weight_packed_linear(torch.randn(8, 64).bfloat16(), packed, None)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33])

@@ -3,8 +3,8 @@ experts (test_fused_moe.py's reference), in both layouts its experts may come in
 
 - float panels (convert_weight_packed) in float32, bf16 or fp16: FMA, on every CPU the kernels build on;
 - bf16 in the matrix engines' VNNI layout (convert_weight_packed_vnni): vdpbf16ps where the CPU has
-  avx512_bf16, AMX's brgemm where blocks average more than 4 rows and it has amx_bf16. Elsewhere
-  those tests skip and name the missing feature.
+  avx512_bf16, AMX's brgemm where blocks average more than 4 rows and it has amx_bf16 (or
+  MINISGL_BRGEMM=1 is set). Elsewhere those tests skip and name the missing feature.
 """
 
 import pytest
@@ -75,9 +75,11 @@ def test_fused_experts_on_vnni_match_float32_reference(num_tokens, hidden, inter
     torch.testing.assert_close(out.float(), fused_moe_ref(**case), atol=1.5e-2, rtol=1.5e-2)
 
 
-def test_fused_experts_on_amx_tiles():
-    """200 tokens over 4 experts average about 25 rows a block: brgemm's side of can_use_brgemm."""
-    needs("amx_bf16")
+def test_fused_experts_on_brgemm(monkeypatch):
+    """200 tokens over 4 experts average about 25 rows a block: brgemm's side of can_use_brgemm, AMX
+    tiles where the CPU has amx_bf16, oneDNN's vdpbf16ps code elsewhere (MINISGL_BRGEMM=1)."""
+    needs("avx512_bf16")
+    monkeypatch.setenv("MINISGL_BRGEMM", "1")
     case = make_moe_case(200, 64, 64, 4, 2, torch.bfloat16, seed=7)
     torch.testing.assert_close(run_fused(case, "vnni").float(), fused_moe_ref(**case), atol=1.5e-2, rtol=1.5e-2)
 

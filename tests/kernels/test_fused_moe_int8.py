@@ -31,11 +31,13 @@ def w8a8_moe(case, num_experts, hidden, intermediate, dtype) -> tuple[nn.Module,
     [(0, 64, 32, 4, 2), (1, 64, 32, 4, 2), (5, 96, 64, 6, 2), (100, 64, 32, 2, 2), (70, 128, 96, 8, 4)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("brgemm", ["0", "1"])  # 1: blocks averaging over 4 rows on oneDNN's brgemm (AMX-int8's path)
 def test_fused_int8_experts_match_the_w8a8_loop(
-    num_tokens, hidden, intermediate, num_experts, top_k, dtype, monkeypatch
+    num_tokens, hidden, intermediate, num_experts, top_k, dtype, brgemm, monkeypatch
 ):
     if "avx512_vnni" not in cpu_features():
         pytest.skip(f"needs avx512_vnni; this CPU has {sorted(cpu_features())}")
+    monkeypatch.setenv("MINISGL_BRGEMM", brgemm)
     case = make_moe_case(num_tokens, hidden, intermediate, num_experts, top_k, dtype, seed=num_tokens + hidden)
     args = (case["hidden_states"], case["topk_weights"], case["topk_ids"])
     layer, method = w8a8_moe(case, num_experts, hidden, intermediate, dtype)

@@ -103,12 +103,16 @@ def test_vnni_int8_layout_and_compensation(N, K):
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_vnni_int8_gemm_equals_the_avx2_one_bit_for_bit(M, N, K, dtype, with_bias):
+@pytest.mark.parametrize("brgemm", ["0", "1"])
+def test_vnni_int8_gemm_equals_the_avx2_one_bit_for_bit(M, N, K, dtype, with_bias, brgemm, monkeypatch):
     """vpdpbusd's sums (activations shifted by 128, the shift taken back out exactly) are the same
     integers as vpmaddwd's, and the epilogue is the same float32 arithmetic: identical outputs.
-    M covers 1 and 2 panels per tile, 1-8 rows per tile and more than one 128-row chunk."""
+    M covers 1 and 2 panels per tile, 1-8 rows per tile and more than one 128-row chunk. With
+    MINISGL_BRGEMM=1 blocks over 4 rows take the AMX-int8 path's oneDNN brgemm (u8 x s8 -> s32, on
+    vpdpbusd where the CPU has no AMX): the same exact sums, so the same outputs."""
     if "avx512_vnni" not in cpu_features():
         pytest.skip(f"needs avx512_vnni; this CPU has {sorted(cpu_features())}")
+    monkeypatch.setenv("MINISGL_BRGEMM", brgemm)
     g = torch.Generator().manual_seed(M + N + K)
     x = (torch.randn(M, K, generator=g) * 4).to(dtype)
     x[0, : K // 2] = 0  # a half-zero row; and a row of one large value among small ones

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <type_traits>
 
 #define CHECK_CPU(x) TORCH_CHECK((x).device().is_cpu(), #x " must be a CPU tensor")
@@ -154,6 +155,37 @@ inline bool cpu_has_avx512_vnni() {
 inline bool cpu_has_avx512_bf16() {
   static const bool has = cpu_has("avx512_bf16") && cpu_has("avx512_bw") && cpu_has("avx512_vl");
   return has;
+}
+
+// The matrix engines of this CPU, for the GEMMs (gemm_vnni.cpp, gemm_int8_vnni.cpp) and the fused MoE.
+struct Engines {
+  bool avx512_bf16, amx_bf16, amx_fp16, amx_int8;
+};
+
+// Asked once: the answer cannot change while the process runs.
+inline const Engines& engines() {
+  static const Engines e = [] {
+    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
+    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
+    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16"),
+                   amx && cpu_has("amx_int8")};
+  }();
+  return e;
+}
+
+// Whether blocks of more than 4 rows go to at::native::cpublas::brgemm, given whether this CPU has
+// the AMX tiles for the dtype (`amx`): by default exactly then, as sgl-kernel decides. The
+// environment variable MINISGL_BRGEMM=1 sends them there on any CPU the kernel otherwise runs on,
+// where oneDNN's brgemm then uses its AVX-512 (vdpbf16ps, vpdpbusd) code instead of tiles: that is how
+// a machine without AMX runs, and tests, every line of the AMX path but the tile instructions, and
+// how the two are timed side by side (MINISGL_BRGEMM=0 keeps an AMX CPU on minisgl's own tiles).
+// Read on every call, so that a test can switch it; getenv costs well under a microsecond.
+inline bool use_brgemm(bool amx) {
+  const char* value = std::getenv("MINISGL_BRGEMM");
+  if (value == nullptr || value[0] == '\0') return amx;
+  TORCH_CHECK((value[0] == '0' || value[0] == '1') && value[1] == '\0', "MINISGL_BRGEMM must be 0 or 1, got '",
+              value, "'");
+  return value[0] == '1';
 }
 
 // Calls fn(u) for every u in [0, units), on all threads at once in one parallel region, each thread

@@ -19,6 +19,7 @@ import torch
 _FEATURES = {
     "amx_bf16": "amx_bf16",  # AMX tiles with bf16 dot products: at::native::cpublas::brgemm, M > 4
     "amx_fp16": "amx_fp16",  # the same for fp16 (Granite Rapids onwards)
+    "amx_int8": "amx_int8",  # the same for W8A8-int8 (u8 x s8 -> s32 tiles), M > 4
     "avx512_bf16": "avx512_bf16",  # vdpbf16ps: the small-M bf16 GEMM
     "avx512_vnni": "avx512_vnni",  # vpdpbusd: the int8 GEMM (gemm_int8_vnni.cpp)
     "avx512f": "avx512_f",  # ATen's AVX512 build of at::vec: 32-column float panels
@@ -72,8 +73,9 @@ def cpu_features() -> frozenset[str]:
         for name, torch_name in _FEATURES.items()
         if torch_caps.get(torch_name, False) and (flags is None or name in flags)
     }
-    if {"amx_bf16", "amx_fp16"} & found and not torch._C._cpu._init_amx():
-        found -= {"amx_bf16", "amx_fp16"}
+    amx = {"amx_bf16", "amx_fp16", "amx_int8"}
+    if amx & found and not torch._C._cpu._init_amx():
+        found -= amx
     return frozenset(found)
 
 

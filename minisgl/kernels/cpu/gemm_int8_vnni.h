@@ -3,6 +3,9 @@
 // W8A8 experts (moe_int8.cpp), as sgl-kernel's gemm.h shares its int8 tinygemm with its moe_int8.cpp.
 #pragma once
 
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "common.h"
@@ -78,6 +81,31 @@ MINISGL_AVX512_VNNI void tile_int8(const uint8_t* a, int64_t lda, const int8_t* 
   for (int r = 0; r < ROWS; ++r) {
     _mm512_storeu_si512(sums + r * 2 * INT8_PANEL_N, c0[r]);
     _mm512_storeu_si512(sums + r * 2 * INT8_PANEL_N + INT8_PANEL_N, c1[r]);
+  }
+}
+
+constexpr int64_t INT8_BRGEMM_ROWS = 32;  // rows per brgemm call (two AMX tiles of 16 rows)
+
+// sums[r][0:16 * panels] (rows 32 int32 apart) = rows [0, rows) of a against `panels` (1 or 2)
+// consecutive panels, panel_bytes apart: exact int32 sums, the +128 shift still in. With `brgemm`,
+// at::native::cpublas::brgemm takes each panel whole in one call (u8 x s8 -> s32, which AMX-int8's
+// tdpbusd computes; a panel's K / 4 rows of 16 columns by 4 bytes are the VNNI layout it reads), rows
+// <= INT8_BRGEMM_ROWS, and the calling thread releases the tiles when done; else vpdpbusd tiles of 8.
+MINISGL_AVX512_VNNI inline void sums_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes,
+                                          int64_t K4, int64_t rows, int64_t panels, bool brgemm, int32_t* sums) {
+  if (brgemm) {
+    for (int64_t j = 0; j < panels; ++j) {
+      at::native::cpublas::brgemm(rows, INT8_PANEL_N, K4 * 4, lda, INT8_PANEL_N, 2 * INT8_PANEL_N, /*add_C=*/false, a,
+                                  panel + j * panel_bytes, sums + j * INT8_PANEL_N);
+    }
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += INT8_TILE_ROWS) {
+    with_rows<INT8_TILE_ROWS>(std::min<int64_t>(INT8_TILE_ROWS, rows - r0), [&]<int R>() MINISGL_AVX512_VNNI {
+      int32_t* out = sums + r0 * 2 * INT8_PANEL_N;
+      panels == 2 ? tile_int8<R, 2>(a + r0 * lda, lda, panel, panel_bytes, K4, out)
+                  : tile_int8<R, 1>(a + r0 * lda, lda, panel, panel_bytes, K4, out);
+    });
   }
 }
 

@@ -10,8 +10,6 @@
 // the same table torch._C._cpu._get_cpu_capability() shows). The AVX-512 functions carry their ISA
 // in a target attribute instead of the file's flags, so this file is compiled into every build,
 // AVX2 included, and its code is only executed where the CPU has the feature.
-#include <ATen/cpu/Utils.h>
-
 #include <algorithm>
 #include <optional>
 
@@ -127,12 +125,12 @@ at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& m
   TORCH_CHECK(runs, "weight_packed_linear: a VNNI-packed ", dtype, " weight needs ",
               dtype == at::kBFloat16 ? "avx512_bf16" : "amx_fp16",
               ", which this CPU lacks (pack it with convert_weight_packed instead)");
-  const bool use_brgemm = dtype == at::kBFloat16 ? e.amx_bf16 && M > 4 : true;
+  const bool brgemm = dtype == at::kBFloat16 ? use_brgemm(e.amx_bf16) && M > 4 : true;
   const at::Tensor a = mat1.stride(1) == 1 ? mat1 : mat1.contiguous();
   at::Tensor out = at::empty({M, N}, mat1.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dtype, "weight_packed_linear_vnni", [&] {
     vnni_gemm<scalar_t>(a.data_ptr<scalar_t>(), a.stride(0), mat2.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                        bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr, M, N, K, use_brgemm);
+                        bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr, M, N, K, brgemm);
   });
   return out;
 }

@@ -26,20 +26,6 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
 
-struct Engines {
-  bool avx512_bf16, amx_bf16, amx_fp16;
-};
-
-// Asked once: the answer cannot change while the process runs.
-inline const Engines& engines() {
-  static const Engines e = [] {
-    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
-    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
-    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16")};
-  }();
-  return e;
-}
-
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
 MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));

@@ -168,8 +168,8 @@ at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& 
       TORCH_CHECK(engines().avx512_bf16,
                   "fused_experts_cpu: VNNI-packed experts need avx512_bf16, which this CPU lacks");
       // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
-      const bool use_brgemm = engines().amx_bf16 && pairs > 4 * static_cast<int64_t>(blocks.size());
-      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{use_brgemm});
+      const bool brgemm = use_brgemm(engines().amx_bf16) && pairs > 4 * static_cast<int64_t>(blocks.size());
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{brgemm});
     } else if (w_dtype == at::kFloat) {
       run(PanelExperts<float>{});
     } else {

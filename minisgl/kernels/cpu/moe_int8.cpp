@@ -12,8 +12,9 @@
 // The experts' int8 matrices are the W8A8 linear layer's VNNI packing, one stack per projection, with
 // their float32 scales per output channel. Where the W8A8 loop over experts (fused_experts_native)
 // rounds each GEMM's output to the model dtype, this keeps float32 until the end, so the two differ
-// by that rounding. Omitted: the AMX-int8 (tdpbusd) path, and CPUs without AVX512-VNNI (they keep
-// the loop over experts on gemm_int8.cpp's vpmaddwd kernel).
+// by that rounding. With AMX-int8, blocks that average more than 4 rows go to oneDNN's brgemm
+// (sums_int8). Omitted: CPUs without AVX512-VNNI (they keep the loop over experts on gemm_int8.cpp's
+// vpmaddwd kernel).
 #include <optional>
 #include <vector>
 
@@ -25,20 +26,19 @@ namespace {
 
 constexpr int64_t COLS = 2 * INT8_PANEL_N;  // a unit's columns: the two panels one tile takes
 
-// scratch[r, 0:32] = rescaled a[r] . w[c] for a block's rows and the panel pair at `panel`, in
-// float32: exact int32 sums, minus the +128 shift's compensation, times both scales.
+// scratch[r, 0:32] = rescaled a[r] . w[c] for a block's rows (at most BLOCK_M) and the panel pair at
+// `panel`, in float32: exact int32 sums (sums_int8: vpdpbusd, or brgemm), minus the +128 shift's
+// compensation, times both scales.
 MINISGL_AVX512_VNNI void pair_to_scratch(const uint8_t* a, int64_t lda, const float* a_scale, const int8_t* panel,
                                          int64_t panel_bytes, int64_t K4, const float* w_scale, int64_t rows,
-                                         float* scratch) {
-  alignas(64) int32_t sums[INT8_TILE_ROWS * COLS];
-  for (int64_t r0 = 0; r0 < rows; r0 += INT8_TILE_ROWS) {
-    const int64_t n = std::min<int64_t>(INT8_TILE_ROWS, rows - r0);
-    with_rows<INT8_TILE_ROWS>(n, [&]<int R>() { tile_int8<R, 2>(a + r0 * lda, lda, panel, panel_bytes, K4, sums); });
-    for (int64_t j = 0; j < 2; ++j) {
-      epilogue_int8(sums + j * INT8_PANEL_N, n, panel + j * panel_bytes + K4 * INT8_ROW_BYTES, a_scale + r0,
-                    w_scale + j * INT8_PANEL_N, static_cast<const float*>(nullptr), INT8_PANEL_N,
-                    scratch + r0 * COLS + j * INT8_PANEL_N);
-    }
+                                         bool brgemm, float* scratch) {
+  static_assert(BLOCK_M <= INT8_BRGEMM_ROWS);
+  alignas(64) int32_t sums[BLOCK_M * COLS];
+  sums_int8(a, lda, panel, panel_bytes, K4, rows, 2, brgemm, sums);
+  for (int64_t j = 0; j < 2; ++j) {
+    epilogue_int8(sums + j * INT8_PANEL_N, rows, panel + j * panel_bytes + K4 * INT8_ROW_BYTES, a_scale,
+                  w_scale + j * INT8_PANEL_N, static_cast<const float*>(nullptr), INT8_PANEL_N,
+                  scratch + j * INT8_PANEL_N);
   }
 }
 
@@ -74,6 +74,12 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
     }
   });
 
+  // sgl-kernel's can_use_brgemm<int8_t> on the rows a block averages: AMX-int8 from 5 rows.
+  const bool brgemm = use_brgemm(engines().amx_int8) && pairs > 4 * NB;
+  const auto release = [brgemm] {
+    if (brgemm) at::native::cpublas::brgemm_release();
+  };
+
   // Step 2: act = silu(x W1^T) * (x W3^T), per (block, 32 columns of I).
   const int64_t units_i = I / COLS;
   for_each_index(NB * units_i, [&](int64_t u) {
@@ -84,11 +90,12 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
     alignas(64) float gate[BLOCK_M * COLS], up[BLOCK_M * COLS];
     const uint8_t* a = xs_ptr + b.start * H4 * 4;
     const float* a_scale = xs_scale_ptr + b.start;
-    pair_to_scratch(a, H4 * 4, a_scale, expert + c0 / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0, b.rows, gate);
+    pair_to_scratch(a, H4 * 4, a_scale, expert + c0 / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0, b.rows,
+                    brgemm, gate);
     pair_to_scratch(a, H4 * 4, a_scale, expert + (c0 + I) / INT8_PANEL_N * bytes13, bytes13, H4, scales + c0 + I,
-                    b.rows, up);
+                    b.rows, brgemm, up);
     silu_and_mul_rows<COLS>(gate, up, b.rows, act_ptr + b.start * I + c0, I);
-  });
+  }, release);
   quantize_rows(act_ptr, pairs, I, act_q_ptr, act_scale_ptr);  // step 2b
 
   // Step 3: y[pair] = weight * (act W2^T), per (block, 32 columns of H), back in the pairs' own order.
@@ -99,9 +106,9 @@ void fused_experts_int8(const std::vector<Block>& blocks, const std::vector<int6
     alignas(64) float scratch[BLOCK_M * COLS];
     pair_to_scratch(act_q_ptr + b.start * I4 * 4, I4 * 4, act_scale_ptr + b.start,
                     w2 + (b.expert * (H / INT8_PANEL_N) + c0 / INT8_PANEL_N) * bytes2, bytes2, I4,
-                    s2 + b.expert * H + c0, b.rows, scratch);
+                    s2 + b.expert * H + c0, b.rows, brgemm, scratch);
     store_weighted_rows<COLS>(scratch, b.rows, sorted.data() + b.start, weights, y_ptr + c0, H);
-  });
+  }, release);
 
   sum_slots(y_ptr, T, k, H, out);  // step 4
 }
