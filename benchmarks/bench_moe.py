@@ -18,8 +18,10 @@ alternated in one process:
 - loop, F.linear: ATen's own linear (MKL's sgemm in float32).
 
 Then, for each --w8a8-dtype, the same layer quantized to W8A8-int8 (W8A8Int8MoEMethod): the
-engine (fused_experts_int8_cpu where the CPU has AVX512-VNNI) against the loop over experts through
-the int8 GEMM, on the same packed int8 matrices.
+engine (fused_experts_int8_cpu) against the loop over experts through the int8 GEMM, on the same
+packed int8 matrices, in the layout this CPU's int8 GEMM takes (k-quads for vpdpbusd with
+AVX512-VNNI, else k-pairs for AVX2's vpmaddwd) or the one --w8a8-layout names, as on a CPU whose
+best int8 engine that is.
 
 Each --tokens count routes that many tokens by random router logits (top --top-k of --experts),
 so a decode batch touches few experts and a prefill chunk all of them. The weights are one layer's
@@ -40,6 +42,7 @@ from torch import nn
 from minisgl.kernels.cpu.features import cpu_features
 from minisgl.layers.linear import apply_linear
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.quantization import int8_kernel
 from minisgl.layers.quantization.int8_kernel import int8_scaled_mm_with_quant
 from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
 from minisgl.layers.quantization.w8a8_int8 import W8A8Int8Config, W8A8Int8MoEMethod
@@ -81,8 +84,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--w8a8-dtype", nargs="*", default=["bfloat16"], help="activation dtypes of a W8A8 layer")
+    parser.add_argument("--w8a8-layout", choices=["avx2", "avx512_vnni"], help="default: this CPU's int8 engine")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
+    if args.w8a8_layout:  # what pack_int8_weight asks, answered as on a CPU whose best int8 engine this is
+        int8_kernel.int8_gemm_engine = lambda: args.w8a8_layout
     print(f"CPU: {cpu_name()}; features: {', '.join(sorted(cpu_features()))}; {torch.get_num_threads()} threads")
     print(f"{args.experts} experts, top {args.top_k}, hidden {args.hidden}, intermediate {args.intermediate}")
     print(
@@ -111,10 +117,11 @@ def main() -> None:
                 f"{best['packed'] / best['engine']:17.2f}x | {best['onednn'] / best['engine']:12.2f}x | "
                 f"{best['linear'] / best['engine']:14.2f}x"
             )
-    # W8A8: the engine's method (fused_experts_int8_cpu on AVX512-VNNI) against its loop over experts
-    # through the int8 GEMM, on the same quantized experts.
+    # W8A8: the engine's method (fused_experts_int8_cpu) against its loop over experts through the
+    # int8 GEMM, on the same quantized experts.
     if args.w8a8_dtype:
-        print("\nW8A8-int8 | tokens | engine | engine ms | loop int8 ms | loop/engine")
+        print(f"\nW8A8-int8, {int8_kernel.int8_gemm_engine()} layout")
+        print("W8A8-int8 | tokens | engine | engine ms | loop int8 ms | loop/engine")
     for name in args.w8a8_dtype:
         dtype, method = getattr(torch, name), W8A8Int8MoEMethod(W8A8Int8Config(is_checkpoint_int8_serialized=False))
         layer = make_layer(args.experts, args.hidden, args.intermediate, dtype, method)[0]

@@ -3,8 +3,8 @@
 The VNNI layout is pure data movement and is checked on every CPU. The GEMMs that read it run
 only where the CPU has their engine (vdpbf16ps: avx512_bf16; AMX tiles: amx_bf16, amx_fp16);
 elsewhere their tests skip and say which feature is missing. The AMX path's code runs on any
-avx512_bf16 CPU with MINISGL_BRGEMM=1, oneDNN's brgemm multiplying without tiles there. The code itself is compiled on every
-x86 machine (the AVX-512 functions carry their ISA in a target attribute), and
+avx512_bf16 CPU with MINISGL_BRGEMM=1, oneDNN's brgemm multiplying without tiles there. The code
+itself is compiled on every x86 machine (the AVX-512 functions carry their ISA in a target attribute), and
 test_matrix_engine_sources_compile_with_their_isa_flags compiles it once more as an AVX-512/AMX
 build does, so that a machine without those engines still catches an error in it.
 """
@@ -30,6 +30,25 @@ SOURCES = Path(linear.__file__).parents[1] / "kernels" / "cpu"
 def needs(feature: str) -> None:
     if feature not in cpu_features():
         pytest.skip(f"needs {feature}; this CPU has {sorted(cpu_features())}")
+
+
+def force_brgemm(monkeypatch, dtype: torch.dtype) -> None:
+    """Set MINISGL_BRGEMM=1 for a test of the brgemm path in ``dtype`` (bfloat16 or int8), or skip
+    where oneDNN's brgemm does not run: it needs AVX-512, so an AVX2 CPU, or oneDNN held below it
+    with ONEDNN_MAX_CPU_ISA, gets torch's "... Brgemm ... is only supported on X64 when ..." error instead."""
+    needs("avx512_bf16" if dtype == torch.bfloat16 else "avx512_vnni")
+    monkeypatch.setenv("MINISGL_BRGEMM", "1")
+    try:  # 8 rows: a block brgemm takes
+        if dtype == torch.bfloat16:
+            packed = ops.convert_weight_packed_vnni(torch.ones(32, 64).bfloat16())
+            ops.weight_packed_linear(torch.ones(8, 64).bfloat16(), packed, None)
+        else:
+            packed = ops.convert_weight_packed_int8_vnni(torch.ones(16, 64, dtype=torch.int8))
+            ops.int8_scaled_mm_with_quant(torch.ones(8, 64), packed, torch.ones(16), None, torch.float32, True)
+    except RuntimeError as error:
+        if "is only supported on X64 when oneDNN ukernel is enabled" not in str(error):
+            raise
+        pytest.skip(f"oneDNN's brgemm does not run here: {error}")
 
 
 def test_cpu_features_agree_with_torch_and_proc_cpuinfo():
@@ -107,8 +126,7 @@ def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
 def test_bf16_brgemm_matches_float64(rows, monkeypatch):
     """The AMX path: oneDNN's brgemm into a float32 scratch, then bias and bf16 rounding. MINISGL_BRGEMM=1
     takes it on any avx512_bf16 CPU (oneDNN then multiplies with vdpbf16ps instead of AMX tiles)."""
-    needs("avx512_bf16")
-    monkeypatch.setenv("MINISGL_BRGEMM", "1")
+    force_brgemm(monkeypatch, torch.bfloat16)
     check_vnni_gemm(torch.bfloat16, rows, True)
 
 
@@ -140,14 +158,16 @@ def brgemm_calls_seen(mode: str) -> set[tuple[str, str]]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     fields = [line.split(",") for line in (result.stdout + result.stderr).splitlines()]
-    return {(f[8].split(":")[1], f[11].split(":", 1)[1]) for f in fields if f[2:6] == ["ukernel", "exec", "cpu", "brgemm"]}
+    return {
+        (f[8].split(":")[1], f[11].split(":", 1)[1]) for f in fields if f[2:6] == ["ukernel", "exec", "cpu", "brgemm"]
+    }
 
 
-def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked():
+def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     """MINISGL_BRGEMM=1: each kernel calls oneDNN's brgemm, told apart by operand type and shape
     (K x N of a panel); 0: none does. oneDNN logs each call, so the path is seen, not inferred."""
-    needs("avx512_bf16")
-    needs("avx512_vnni")
+    force_brgemm(monkeypatch, torch.bfloat16)
+    force_brgemm(monkeypatch, torch.int8)
     on = brgemm_calls_seen("1")
     assert ("bf16", "64x32") in on  # the bf16 GEMM, and the fused MoE's gate/up (K = H = 64)
     assert ("bf16", "32x32") in on  # the fused MoE's down projection (K = I = 32)

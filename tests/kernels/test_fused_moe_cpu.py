@@ -12,6 +12,7 @@ import torch
 
 from minisgl.kernels.cpu import is_available, packed_gemm_block_n
 from minisgl.kernels.cpu.features import cpu_features
+from tests.kernels.test_cpu_matrix_engines import force_brgemm
 from tests.kernels.test_fused_moe import fused_moe_ref, make_moe_case
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
@@ -78,8 +79,7 @@ def test_fused_experts_on_vnni_match_float32_reference(num_tokens, hidden, inter
 def test_fused_experts_on_brgemm(monkeypatch):
     """200 tokens over 4 experts average about 25 rows a block: brgemm's side of can_use_brgemm, AMX
     tiles where the CPU has amx_bf16, oneDNN's vdpbf16ps code elsewhere (MINISGL_BRGEMM=1)."""
-    needs("avx512_bf16")
-    monkeypatch.setenv("MINISGL_BRGEMM", "1")
+    force_brgemm(monkeypatch, torch.bfloat16)
     case = make_moe_case(200, 64, 64, 4, 2, torch.bfloat16, seed=7)
     torch.testing.assert_close(run_fused(case, "vnni").float(), fused_moe_ref(**case), atol=1.5e-2, rtol=1.5e-2)
 

@@ -6,6 +6,10 @@ the same outputs up to float32 rounding of the epilogue; and the whole W8A8 prod
 near the float one.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -18,6 +22,7 @@ from minisgl.layers.quantization.int8_kernel import (
     per_token_quant_int8,
     quantize_weight_int8,
 )
+from tests.kernels.test_cpu_matrix_engines import force_brgemm
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
 ops = torch.ops.minisgl_kernel
@@ -112,7 +117,10 @@ def test_vnni_int8_gemm_equals_the_avx2_one_bit_for_bit(M, N, K, dtype, with_bia
     vpdpbusd where the CPU has no AMX): the same exact sums, so the same outputs."""
     if "avx512_vnni" not in cpu_features():
         pytest.skip(f"needs avx512_vnni; this CPU has {sorted(cpu_features())}")
-    monkeypatch.setenv("MINISGL_BRGEMM", brgemm)
+    if brgemm == "1":
+        force_brgemm(monkeypatch, torch.int8)
+    else:
+        monkeypatch.setenv("MINISGL_BRGEMM", "0")
     g = torch.Generator().manual_seed(M + N + K)
     x = (torch.randn(M, K, generator=g) * 4).to(dtype)
     x[0, : K // 2] = 0  # a half-zero row; and a row of one large value among small ones
@@ -137,3 +145,22 @@ def test_vnni_int8_shapes_are_checked():
     if "avx512_vnni" not in cpu_features():  # the kernel refuses, by the feature's name, rather than crash
         with pytest.raises(RuntimeError, match="needs avx512_vnni"):
             ops.int8_scaled_mm_with_quant(torch.randn(2, 64), packed, w_scale.view(-1), None, torch.float32, True)
+
+
+def test_the_torch_fallback_is_exact_where_onednn_saturates():
+    """oneDNN's int8 GEMM without VNNI (an AVX2 CPU, here imitated with ONEDNN_MAX_CPU_ISA=AVX2)
+    saturates int16 pair sums, so torch._int_mm is wrong there; int8_scaled_mm_native must not be."""
+    code = """
+import torch
+from minisgl.layers.quantization.int8_kernel import int8_scaled_mm_native
+g = torch.Generator().manual_seed(0)
+a = torch.randint(-127, 128, (17, 64), generator=g, dtype=torch.int8)
+w = torch.randint(-127, 128, (40, 64), generator=g, dtype=torch.int8)
+exact = (a.long() @ w.long().t()).double()
+print("int_mm off by", (torch._int_mm(a, w.t()).double() - exact).abs().max().item())
+ones = torch.ones(17, 1), torch.ones(40, 1)
+assert torch.equal(int8_scaled_mm_native(a, w, *ones, torch.float64), exact)
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -12,8 +12,7 @@ masks, which sgl-kernel has no counterpart of, and ``convert_weight_packed_int8`
 convert_weight_packed packs int8 weights too, by dtype). SGLang builds a wheel with CMake and
 multiplies bf16 weights with AMX tiles; minisgl compiles the sources with
 ``torch.utils.cpp_extension.load`` and caches the library. Omitted: the fused MoE for fp8 and
-int4 experts, and for W8A8 ones on CPUs without AVX512-VNNI (those loop over their experts), fp8
-and int4 GEMMs, MLA and the shared-memory all-reduce.
+int4 experts, fp8 and int4 GEMMs, MLA and the shared-memory all-reduce.
 
 Which vector ISA: the one ATen itself dispatches to on this CPU,
 ``torch.backends.cpu.get_cpu_capability()`` (AVX512 or AVX2), since the sources use at::vec, whose
@@ -73,6 +72,7 @@ _SOURCES = [
 ]
 _HEADERS = [
     "common.h",
+    "gemm_int8.h",
     "attention_args.h",
     "attention_dpbf16.h",
     "attention.h",

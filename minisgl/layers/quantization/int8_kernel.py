@@ -6,7 +6,7 @@ zero stays exactly zero and no zero-point enters the integer sums. The sums are 
 the only rounding is in the quantization and the float32 epilogue. :func:`int8_scaled_mm_with_quant`
 runs minisgl's C++ kernel (kernels/cpu/gemm_int8.cpp, and gemm_int8_vnni.cpp where the CPU has
 AVX512-VNNI) where it built, else the same arithmetic
-in PyTorch (torch._int_mm), which the kernel tests also use as their reference.
+in PyTorch (int8_scaled_mm_native), which the kernel tests also use as their reference.
 """
 
 from __future__ import annotations
@@ -58,8 +58,14 @@ def int8_scaled_mm_native(
     out_dtype: torch.dtype,
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """(x_q @ w_q^T) in int32, times x_scale [M, 1] and w_scale [N, 1], plus bias, in out_dtype."""
-    acc = torch._int_mm(x_q, w_q.t())  # [M, N] int32, exact
+    """(x_q @ w_q^T) as exact integers, times x_scale [M, 1] and w_scale [N, 1], plus bias, in out_dtype.
+
+    On a GPU torch._int_mm sums in int32. On a CPU it is oneDNN's int8 GEMM, which is exact only
+    where oneDNN multiplies with VNNI: on AVX2 (and AVX-512 without VNNI) it uses vpmaddubsw, whose
+    int16 pair sums saturate once the activations are shifted into u8 (255 x 127 x 2 > 32,767); with
+    ONEDNN_MAX_CPU_ISA=AVX2 a 17 x 64 x 40 product came out up to 38,508 off. So the CPU sums in
+    float64, which holds every int8 dot product of any realistic K exactly."""
+    acc = torch._int_mm(x_q, w_q.t()) if x_q.is_cuda else x_q.double() @ w_q.double().t()
     y = acc.float() * x_scale * w_scale.view(1, -1)
     if bias is not None:
         y = y + bias.float()

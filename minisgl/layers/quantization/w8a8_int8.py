@@ -22,7 +22,6 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from minisgl.kernels.cpu.features import int8_gemm_engine
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizationConfig
 from minisgl.layers.quantization.int8_kernel import (
@@ -110,9 +109,10 @@ class W8A8Int8LinearMethod(LinearMethodBase):
 
 
 class W8A8Int8MoEMethod(FusedMoEMethodBase):
-    """Every expert's matrices as in the linear method. On AVX512-VNNI the layer runs in one call,
-    fused_experts_int8_cpu (sgl-kernel's fused_experts_cpu with use_int8_w8a8); elsewhere the experts
-    run one by one (fused_experts_native's loop) through the int8 GEMM."""
+    """Every expert's matrices as in the linear method. Where the C++ kernels run and the sizes fit,
+    the layer runs in one call, fused_experts_int8_cpu (sgl-kernel's fused_experts_cpu with
+    use_int8_w8a8), on whichever int8 layout this CPU's GEMM uses; elsewhere the experts run one by
+    one (fused_experts_native's loop) through the int8 GEMM."""
 
     def __init__(self, quant_config: W8A8Int8Config) -> None:
         self.quant_config = quant_config
@@ -174,6 +174,6 @@ class W8A8Int8MoEMethod(FusedMoEMethodBase):
 
 
 def _fused_experts_int8_runs(weight: torch.Tensor, hidden: int, inter: int) -> bool:
-    """Whether fused_experts_int8_cpu (kernels/cpu/moe_int8.cpp) takes these experts: on a CPU with
-    AVX512-VNNI, whose int8 layout it reads, with I and H multiples of the 32 columns a tile takes."""
-    return use_int8_kernel(weight) and int8_gemm_engine() == "avx512_vnni" and inter % 32 == hidden % 32 == 0
+    """Whether fused_experts_int8_cpu (kernels/cpu/moe_int8.cpp) takes these experts: where the C++
+    kernels run (in either int8 layout), with I and H multiples of the 32 columns a unit takes."""
+    return use_int8_kernel(weight) and inter % 32 == hidden % 32 == 0
