@@ -17,6 +17,7 @@ from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.rotary_embedding import get_rope
 from minisgl.layers.sampler import argmax_rows
 from tests._models import tiny_model_dir
+from tests.kernels.test_cpu_matrix_engines import force_brgemm
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
 ops = torch.ops.minisgl_kernel
@@ -172,6 +173,16 @@ def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_di
         expected.append(o_ref.transpose(0, 1))
         start += ext
     torch.testing.assert_close(o.double(), torch.cat(expected), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_extend_attention_scores_on_brgemm_match_sdpa(head_dim, monkeypatch):
+    """A bf16 model over a bf16 pool takes extend's Q . K^T on oneDNN's brgemm, as an AMX CPU runs
+    it (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
+    force_brgemm(monkeypatch, torch.bfloat16)
+    bf16 = (torch.bfloat16, torch.bfloat16)
+    test_extend_attention_matches_sdpa(*bf16, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)
+    test_extend_attention_with_a_tree_mask_matches_sdpa(*bf16, head_dim)
 
 
 def test_extend_attention_with_a_mask_reads_new_keys_from_their_own_slots():

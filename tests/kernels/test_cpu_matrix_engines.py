@@ -147,6 +147,8 @@ ops.fused_experts_cpu(args[0], vnni(case["w1"]), vnni(case["w2"]), *args[1:])
 layer, method = w8a8_moe(case, 2, 64, 32, torch.bfloat16)
 assert isinstance(layer.w13_int8, tuple)  # the fused kernel's stacks
 method.apply(layer, *args)
+from tests.kernels.test_cpu_kernels import test_extend_attention_matches_sdpa  # head dim 128: K x N = 128x32
+test_extend_attention_matches_sdpa(torch.bfloat16, torch.bfloat16, [0, 17], [40, 20], 4, 4, 128)
 """
 
 
@@ -165,7 +167,7 @@ def brgemm_calls_seen(mode: str) -> set[tuple[str, str]]:
 
 def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     """MINISGL_BRGEMM=1: each kernel calls oneDNN's brgemm, told apart by operand type and shape
-    (K x N of a panel); 0: none does. oneDNN logs each call, so the path is seen, not inferred."""
+    (K x N of a panel or key block); 0: none does. oneDNN logs each call, so the path is seen, not inferred."""
     force_brgemm(monkeypatch, torch.bfloat16)
     force_brgemm(monkeypatch, torch.int8)
     on = brgemm_calls_seen("1")
@@ -173,6 +175,7 @@ def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     assert ("bf16", "32x32") in on  # the fused MoE's down projection (K = I = 32)
     assert ("u8", "64x16") in on  # the int8 GEMM and the int8 MoE's gate/up, on 16-column panels
     assert ("u8", "32x16") in on  # the int8 MoE's down projection
+    assert ("bf16", "128x32") in on  # extend attention's Q . K^T: a head of 128 by a block of 32 keys
     assert brgemm_calls_seen("0") == set()
 
 

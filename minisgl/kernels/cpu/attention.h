@@ -10,6 +10,7 @@
 #include "attention_dpbf16.h"
 
 #include <ATen/cpu/vec/functional.h>
+#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -194,11 +195,19 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
+//
+// On the bf16 path (kDp), an AMX CPU takes each block's Q . K^T on its tiles, as sgl-kernel's
+// extend attention does: the transposed key pairs are already the VNNI layout at::native::cpublas::
+// brgemm reads (K = head dim, N = the block's keys), so one call per kBrgemmRows query rows and the
+// scale after it, in float32, where vdpbf16ps applies it as it stores (MINISGL_BRGEMM, common.h).
+constexpr int64_t kBrgemmRows = 32;
+
 template <int kDim, bool kDp, typename kv_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
                     int64_t start, const KeyReuse& who) {
   const int64_t d = kDim ? kDim : a.head_dim;
+  const bool brgemm = kDp && use_brgemm(engines().amx_bf16);
   for (int64_t h = 0; h < heads; ++h) {
     if (who.call < 0 || sc.kt_call != who.call || sc.kt_request != who.request || sc.kt_head != head_begin + h) {
       sc.kt_call = who.call;
@@ -228,6 +237,20 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
         sc.kt_keys = t0 + n;
       }
       // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
+      if (brgemm) {
+        for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kBrgemmRows) {
+          const int64_t m = std::min(kBrgemmRows, rows_per_head - r), row = h * rows_per_head + r;
+          float* s = sc.scores.data() + row * ld + t0;
+          at::native::cpublas::brgemm(m, kKeyBlock, d, d, kKeyBlock, ld, /*add_C=*/false, sc.q_bf16.data() + row * d,
+                                      reinterpret_cast<const at::BFloat16*>(kw), s);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t t = 0; t < kKeyBlock; t += Vec::size()) {
+              (Vec::loadu(s + i * ld + t) * Vec(a.scale)).store(s + i * ld + t);
+            }
+          }
+        }
+        continue;
+      }
       for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
         const int64_t row = h * rows_per_head + r;
         with_rows<kScoreRows>(std::min<int64_t>(kScoreRows, rows_per_head - r), [&]<int R>() {
@@ -241,6 +264,7 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
       }
     }
   }
+  if (brgemm) at::native::cpublas::brgemm_release();
 }
 
 // Vectors of a head per value tile, and query rows per tile: ROWS x kValueVecs accumulators beside
