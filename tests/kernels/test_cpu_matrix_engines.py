@@ -35,7 +35,7 @@ def needs(feature: str) -> None:
 def force_brgemm(monkeypatch, dtype: torch.dtype) -> None:
     """Set MINISGL_BRGEMM=1 for a test of the brgemm path in ``dtype`` (bfloat16 or int8), or skip
     where oneDNN's brgemm does not run: it needs AVX-512, so an AVX2 CPU, or oneDNN held below it
-    with ONEDNN_MAX_CPU_ISA, gets torch's "... Brgemm ... is only supported on X64 when ..." error instead."""
+    with ONEDNN_MAX_CPU_ISA, gets an error that says so instead."""
     needs("avx512_bf16" if dtype == torch.bfloat16 else "avx512_vnni")
     monkeypatch.setenv("MINISGL_BRGEMM", "1")
     try:  # 8 rows: a block brgemm takes
@@ -46,7 +46,7 @@ def force_brgemm(monkeypatch, dtype: torch.dtype) -> None:
             packed = ops.convert_weight_packed_int8_vnni(torch.ones(16, 64, dtype=torch.int8))
             ops.int8_scaled_mm_with_quant(torch.ones(8, 64), packed, torch.ones(16), None, torch.float32, True)
     except RuntimeError as error:
-        if "is only supported on X64 when oneDNN ukernel is enabled" not in str(error):
+        if "MINISGL_BRGEMM=1, but oneDNN's brgemm does not take" not in str(error):
             raise
         pytest.skip(f"oneDNN's brgemm does not run here: {error}")
 
@@ -204,3 +204,24 @@ def test_matrix_engine_sources_compile_with_their_isa_flags():
     for source in ("gemm_vnni.cpp", "moe.cpp", "gemm_int8_vnni.cpp", "moe_int8.cpp"):
         result = subprocess.run([*cmd, str(SOURCES / source)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_minisgl_brgemm_says_where_onednn_cannot_run_it():
+    """oneDNN held at AVX2 has no brgemm: MINISGL_BRGEMM=1 is then refused by name, not with torch's
+    message about AMX."""
+    needs("avx512_bf16")
+    code = """
+import torch
+from minisgl.kernels.cpu import is_available
+assert is_available()  # loads the kernels
+ops = torch.ops.minisgl_kernel
+packed = ops.convert_weight_packed_vnni(torch.ones(32, 64).bfloat16())
+try:
+    ops.weight_packed_linear(torch.ones(8, 64).bfloat16(), packed, None)
+except RuntimeError as error:
+    print(str(error).splitlines()[0])
+"""
+    env = {**os.environ, "MINISGL_BRGEMM": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MINISGL_BRGEMM=1, but oneDNN's brgemm does not take bf16 on this CPU" in result.stdout, result.stdout

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/Utils.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
@@ -173,19 +174,43 @@ inline const Engines& engines() {
   return e;
 }
 
+// Whether oneDNN's brgemm ukernel runs here for A x B -> C: torch 2.13's at::native::cpublas::brgemm
+// calls it wherever oneDNN's device check passes (AVX-512 on the CPUs seen so far, AMX or not) and
+// raises otherwise. Asked once per type, by one tiny call.
+template <typename A, typename B, typename C>
+bool brgemm_runs() {
+  static const bool runs = [] {
+    alignas(64) A a[4] = {};
+    alignas(64) B b[4 * 16] = {};  // K = 4 by N = 16, in the VNNI layout (pairs or quads of K)
+    alignas(64) C c[16];
+    try {
+      at::native::cpublas::brgemm(1, 16, 4, 4, 16, 16, /*add_C=*/false, a, b, c);
+      at::native::cpublas::brgemm_release();
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return runs;
+}
+
 // Whether blocks of more than 4 rows go to at::native::cpublas::brgemm, given whether this CPU has
-// the AMX tiles for the dtype (`amx`): by default exactly then, as sgl-kernel decides. The
-// environment variable MINISGL_BRGEMM=1 sends them there on any CPU the kernel otherwise runs on,
-// where oneDNN's brgemm then uses its AVX-512 (vdpbf16ps, vpdpbusd) code instead of tiles: that is how
-// a machine without AMX runs, and tests, every line of the AMX path but the tile instructions, and
-// how the two are timed side by side (MINISGL_BRGEMM=0 keeps an AMX CPU on minisgl's own tiles).
+// the AMX tiles for the dtype (`amx`; `int8`: u8 x s8, else bf16): by default exactly then, as
+// sgl-kernel decides. The environment variable MINISGL_BRGEMM=1 sends them there on any CPU whose
+// oneDNN runs brgemm without the tiles, with its AVX-512 (vdpbf16ps, vpdpbusd) code: that is how a
+// machine without AMX runs, and tests, every line of the AMX path but the tile instructions, and how
+// the two are timed side by side (MINISGL_BRGEMM=0 keeps an AMX CPU on minisgl's own tiles).
 // Read on every call, so that a test can switch it; getenv costs well under a microsecond.
-inline bool use_brgemm(bool amx) {
+inline bool use_brgemm(bool amx, bool int8 = false) {
   const char* value = std::getenv("MINISGL_BRGEMM");
   if (value == nullptr || value[0] == '\0') return amx;
   TORCH_CHECK((value[0] == '0' || value[0] == '1') && value[1] == '\0', "MINISGL_BRGEMM must be 0 or 1, got '",
               value, "'");
-  return value[0] == '1';
+  if (value[0] == '0') return false;
+  const bool runs = int8 ? brgemm_runs<uint8_t, int8_t, int32_t>() : brgemm_runs<at::BFloat16, at::BFloat16, float>();
+  TORCH_CHECK(amx || runs, "MINISGL_BRGEMM=1, but oneDNN's brgemm does not take ", int8 ? "u8 x s8" : "bf16",
+              " on this CPU (it needs AVX-512 there; ONEDNN_MAX_CPU_ISA may hold oneDNN below it)");
+  return true;
 }
 
 // Calls fn(u) for every u in [0, units), on all threads at once in one parallel region, each thread

@@ -106,7 +106,7 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
     // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time).
     // sgl-kernel's can_use_brgemm<int8_t>: AMX-int8 from 5 rows.
     const int64_t pairs = (panels + 1) / 2;
-    const bool brgemm = use_brgemm(engines().amx_int8) && M > 4;
+    const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && M > 4;
     for_each_unit(
         M, pairs, CHUNK_M,
         [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {

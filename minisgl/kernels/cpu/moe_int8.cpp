@@ -207,7 +207,7 @@ at::Tensor fused_experts_int8_cpu(const at::Tensor& hidden_states, const at::Ten
   std::vector<int64_t> sorted(T * k);
   const std::vector<Block> blocks = route(ids.data_ptr<int64_t>(), T * k, E, sorted);
   // sgl-kernel's can_use_brgemm<int8_t> on the rows a block averages: AMX-int8 from 5 rows.
-  const bool brgemm = use_brgemm(engines().amx_int8) && T * k > 4 * static_cast<int64_t>(blocks.size());
+  const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && T * k > 4 * static_cast<int64_t>(blocks.size());
   auto out = at::empty_like(hidden_states);
   MINISGL_DISPATCH_FLOATING_TYPES(hidden_states.scalar_type(), "fused_experts_int8_cpu", [&] {
     const auto run = [&](const auto& layout) {
