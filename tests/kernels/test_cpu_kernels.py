@@ -176,9 +176,9 @@ def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_di
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_extend_attention_scores_on_brgemm_match_sdpa(head_dim, monkeypatch):
-    """A bf16 model over a bf16 pool takes extend's Q . K^T on oneDNN's brgemm, as an AMX CPU runs
-    it (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
+def test_extend_attention_on_brgemm_matches_sdpa(head_dim, monkeypatch):
+    """A bf16 model over a bf16 pool takes extend's Q . K^T and p . v on oneDNN's brgemm, as an AMX CPU
+    runs them (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
     force_brgemm(monkeypatch, torch.bfloat16)
     bf16 = (torch.bfloat16, torch.bfloat16)
     test_extend_attention_matches_sdpa(*bf16, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)

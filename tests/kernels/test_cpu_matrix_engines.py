@@ -176,6 +176,7 @@ def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     assert ("u8", "64x16") in on  # the int8 GEMM and the int8 MoE's gate/up, on 16-column panels
     assert ("u8", "32x16") in on  # the int8 MoE's down projection
     assert ("bf16", "128x32") in on  # extend attention's Q . K^T: a head of 128 by a block of 32 keys
+    assert ("bf16", "32x128") in on  # and its p . v: a block of 32 keys by a head of 128
     assert brgemm_calls_seen("0") == set()
 
 

@@ -74,6 +74,7 @@ _HEADERS = [
     "common.h",
     "gemm_int8.h",
     "attention_args.h",
+    "attention_brgemm.h",
     "attention_dpbf16.h",
     "attention.h",
     "gemm.h",

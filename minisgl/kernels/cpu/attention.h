@@ -7,10 +7,10 @@
 // block: the query heads that share a KV head (GQA) and the block's query tokens.
 #pragma once
 
+#include "attention_brgemm.h"
 #include "attention_dpbf16.h"
 
 #include <ATen/cpu/vec/functional.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,51 +26,11 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
 }
 
-// Keys per block of scores_by_tile: two vectors of scores per query row.
-constexpr int64_t kKeyBlock = 2 * Vec::size();
 // Accumulators a tile keeps in registers: 24 of AVX-512's 32, 12 of AVX2's 16 (the rest hold the
 // operands being multiplied). More would spill to the stack on every step.
 constexpr int kAccumulators = Vec::size() == 16 ? 24 : 12;
 // Query rows per tile of scores_by_tile: two accumulators each.
 constexpr int kScoreRows = kAccumulators / 2;
-
-inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-// Per-thread scratch: the block's queries (scaled, float32), scores (rows padded to whole key
-// blocks), softmax denominators and one KV head's keys, transposed in blocks (scores_by_tile).
-// One per thread, kept from call to call and grown when a call needs more: allocating it per
-// layer was a measurable share of short decode steps.
-struct Scratch {
-  std::vector<float> q_rows, scores, inv_sum, keys_t;
-  // The vdpbf16ps path's (attention_dpbf16.h): the queries as the model made them, the probabilities
-  // rounded to bf16, and the keys transposed as 32-bit pairs. Grown only by calls that take that path
-  // (grow_bf16).
-  std::vector<at::BFloat16> q_bf16, p_bf16;
-  std::vector<uint32_t> keys_w;
-  // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
-  // call kt_call. Later query blocks of the same request and head (extend) reuse them.
-  int64_t kt_call = -1, kt_request = -1, kt_head = -1, kt_keys = 0;
-
-  template <typename T>
-  static void grow(std::vector<T>& v, int64_t n) {
-    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  }
-
-  static Scratch& for_this_thread(int64_t rows, int64_t head_dim, int64_t max_kv_len) {
-    thread_local Scratch sc;
-    grow(sc.q_rows, rows * head_dim);
-    grow(sc.scores, rows * round_up(max_kv_len, kKeyBlock));
-    grow(sc.inv_sum, rows);
-    grow(sc.keys_t, head_dim * round_up(max_kv_len, kKeyBlock));
-    return sc;
-  }
-
-  void grow_bf16(int64_t rows, int64_t head_dim, int64_t kv_len) {
-    grow(q_bf16, rows * head_dim);
-    grow(p_bf16, rows * round_up(kv_len, kKeyBlock));
-    grow(keys_w, head_dim / 2 * round_up(kv_len, kKeyBlock));
-  }
-};
 
 // Which keys scores_by_tile may take from the thread's Scratch: those it transposed earlier in the
 // same call (call id from next_call_id) for the same request. call < 0: none.
@@ -195,13 +155,7 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
-//
-// On the bf16 path (kDp), an AMX CPU takes each block's Q . K^T on its tiles, as sgl-kernel's
-// extend attention does: the transposed key pairs are already the VNNI layout at::native::cpublas::
-// brgemm reads (K = head dim, N = the block's keys), so one call per kBrgemmRows query rows and the
-// scale after it, in float32, where vdpbf16ps applies it as it stores (MINISGL_BRGEMM, common.h).
-constexpr int64_t kBrgemmRows = 32;
-
+// On the bf16 path an AMX CPU takes Q . K^T on its tiles instead (scores_by_brgemm).
 template <int kDim, bool kDp, typename kv_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
@@ -238,17 +192,8 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
       }
       // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
       if (brgemm) {
-        for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kBrgemmRows) {
-          const int64_t m = std::min(kBrgemmRows, rows_per_head - r), row = h * rows_per_head + r;
-          float* s = sc.scores.data() + row * ld + t0;
-          at::native::cpublas::brgemm(m, kKeyBlock, d, d, kKeyBlock, ld, /*add_C=*/false, sc.q_bf16.data() + row * d,
-                                      reinterpret_cast<const at::BFloat16*>(kw), s);
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t t = 0; t < kKeyBlock; t += Vec::size()) {
-              (Vec::loadu(s + i * ld + t) * Vec(a.scale)).store(s + i * ld + t);
-            }
-          }
-        }
+        scores_by_brgemm(a, sc, kw, h * rows_per_head, std::max<int64_t>(0, t0 - start) * a.group, rows_per_head, ld,
+                         t0, d);
         continue;
       }
       for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
@@ -342,6 +287,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       std::is_same_v<scalar_t, at::BFloat16> && std::is_same_v<kv_t, at::BFloat16> && kDim > 0 && kDim % 32 == 0;
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
+  const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // p . v on brgemm too (values_by_brgemm)
   if (engine) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
@@ -386,10 +332,32 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
     std::fill(s + visible(r), s + kv_len, 0.f);
     if (engine) store_row(s, sc.p_bf16.data() + r * ld, kv_len);  // rounded to nearest even, for vdpbf16ps
+    if (brgemm) std::fill(sc.p_bf16.data() + r * ld + kv_len, sc.p_bf16.data() + (r + 1) * ld, at::BFloat16(0.f));
   }
   // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows: for a bf16 model over a bf16
   // pool on vdpbf16ps (decode too: a call covers all the keys), from probabilities rounded to bf16
   // as sgl-kernel's brgemm takes them; the sum they are divided by stays the float32 one.
+  // Each block of rows is then divided by its sums and stored in the model dtype.
+  const auto finish = [&](int64_t r0, int64_t n_rows, float* out) {
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int64_t r = r0 + i, h = r / rows_per_head, j = (r % rows_per_head) / a.group, g = r % a.group;
+      scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
+      const Vec inv(sc.inv_sum[r]);
+      for (int64_t c = 0; c < n_vec; ++c) (Vec::loadu(out + i * d + c * Vec::size()) * inv).store(out + i * d + c * Vec::size());
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        std::copy_n(out + i * d, d, dst);
+      } else {
+        store_row(out + i * d, dst, d);  // rounds to the model dtype in vector registers
+      }
+    }
+  };
+  if (brgemm) {
+    for (int64_t h = 0; h < heads; ++h) {
+      values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, finish);
+    }
+    at::native::cpublas::brgemm_release();
+    return;
+  }
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
@@ -407,17 +375,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
         }
         value_rows<R, kDim>(a, sc.scores.data() + r0 * ld, ld, n, v_buf + (head_begin + h) * d, token_slots, out);
       });
-      for (int64_t i = 0; i < n_rows; ++i) {
-        const int64_t r = r0 + i, j = (r % rows_per_head) / a.group, g = r % a.group;
-        scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
-        const Vec inv(sc.inv_sum[r]);
-        for (int64_t c = 0; c < n_vec; ++c) (Vec::loadu(out + i * d + c * Vec::size()) * inv).store(out + i * d + c * Vec::size());
-        if constexpr (std::is_same_v<scalar_t, float>) {
-          std::copy_n(out + i * d, d, dst);
-        } else {
-          store_row(out + i * d, dst, d);  // rounds to the model dtype in vector registers
-        }
-      }
+      finish(r0, n_rows, out);
     }
   }
 }
