@@ -25,9 +25,10 @@ The matrix engines are chosen at run time instead, in the same build: gemm_vnni.
 code carries its ISA in a target attribute and AMX is reached through ATen's
 ``at::native::cpublas::brgemm``, so every x86 build contains both, and a bf16 (fp16) weight is
 packed for them only where :func:`minisgl.kernels.cpu.features.cpu_features` reports the feature.
-``MINISGL_BRGEMM=1`` sends the blocks AMX would take (bf16 and int8, over 4 rows) to brgemm on a CPU
-without AMX too, where oneDNN multiplies with AVX-512 instead (how the AMX paths are tested there);
-``MINISGL_BRGEMM=0`` keeps an AMX CPU on minisgl's own tiles (common.h's use_brgemm).
+``MINISGL_BRGEMM=1`` sends what AMX would take (bf16 and int8 GEMM blocks over 4 rows, extend
+attention's bf16 products) to brgemm on a CPU without AMX too, where oneDNN multiplies with AVX-512
+instead (how the AMX paths are tested there); ``MINISGL_BRGEMM=0`` keeps an AMX CPU on minisgl's
+own tiles (common.h's use_brgemm).
 
 Building needs a C++ compiler and ninja and takes about 40 s on two cores, once per machine and ISA
 (``python -m minisgl.kernels.cpu`` does it ahead of time; scripts/setup.sh calls it). Where it
