@@ -74,7 +74,8 @@ struct PairLayout {
     for (int64_t j = 0; j < 2; ++j) {
       for (int64_t r0 = 0; r0 < rows; r0 += QMAX_ROWS) {
         const int64_t n = std::min<int64_t>(QMAX_ROWS, rows - r0);
-        with_rows<QMAX_ROWS>(n, [&]<int R>() { tile<R>(a + r0 * lda, lda, panel + j * panel_bytes(K), (K + 1) / 2, acc); });
+        const int8_t* panel_j = panel + j * panel_bytes(K);
+        with_rows<QMAX_ROWS>(n, [&]<int R>() { tile<R>(a + r0 * lda, lda, panel_j, (K + 1) / 2, acc); });
         for (int64_t r = 0; r < n; ++r) {
           for (int64_t c = 0; c < QBLOCK_N; ++c) {  // the GEMM's epilogue, its float32 operations in its order
             scratch[(r0 + r) * COLS + j * QBLOCK_N + c] =
@@ -206,8 +207,9 @@ at::Tensor fused_experts_int8_cpu(const at::Tensor& hidden_states, const at::Ten
   const int64_t k = topk_ids.size(1);
   std::vector<int64_t> sorted(T * k);
   const std::vector<Block> blocks = route(ids.data_ptr<int64_t>(), T * k, E, sorted);
-  // sgl-kernel's can_use_brgemm<int8_t> on the rows a block averages: AMX-int8 from 5 rows.
-  const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && T * k > 4 * static_cast<int64_t>(blocks.size());
+  // sgl-kernel's can_use_brgemm<int8_t> on the rows a block averages: AMX-int8 from 5 rows (k-quads only).
+  const bool brgemm =
+      vnni && use_brgemm(engines().amx_int8, /*int8=*/true) && T * k > 4 * static_cast<int64_t>(blocks.size());
   auto out = at::empty_like(hidden_states);
   MINISGL_DISPATCH_FLOATING_TYPES(hidden_states.scalar_type(), "fused_experts_int8_cpu", [&] {
     const auto run = [&](const auto& layout) {
