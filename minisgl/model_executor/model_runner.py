@@ -312,8 +312,8 @@ class ModelRunner:
                 # The loop over experts reads the routing on the host (.tolist()).
                 raise ValueError(
                     f"enable_torch_compile: {type(m.quant_method).__name__} runs these experts in a loop, "
-                    "which CPUGraphRunner cannot trace (the fused CPU kernel needs the hidden and "
-                    "intermediate sizes in whole panels, and W8A8 experts AVX512-VNNI)"
+                    "which CPUGraphRunner cannot trace (the fused CPU kernels need the hidden and "
+                    "intermediate sizes in whole panels)"
                 )
         from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 

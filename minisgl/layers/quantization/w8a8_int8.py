@@ -10,9 +10,9 @@ Where minisgl differs: ``--quantization w8a8_int8`` on a float checkpoint quanti
 layer when its weights are in (``process_weights_after_loading``), as SGLang's fp8 does for
 float checkpoints; SGLang's w8a8_int8 expects an int8 checkpoint. SGLang's CPU path needs AMX
 and its fused MoE kernel; minisgl runs its own kernels (kernels/cpu/gemm_int8.cpp, and
-gemm_int8_vnni.cpp on AVX512-VNNI) and, for MoE, its own fused kernel on AVX512-VNNI
-(moe_int8.cpp), else the int8 GEMM once per chosen expert. Omitted: ignore lists, static
-activation scales.
+gemm_int8_vnni.cpp on AVX512-VNNI) and, for MoE, its own fused kernel in either layout
+(moe_int8.cpp), else (sizes not in whole panels, or no C++ kernels) the int8 GEMM once per chosen
+expert. Omitted: ignore lists, static activation scales.
 """
 
 from __future__ import annotations
