@@ -133,7 +133,8 @@ def test_bf16_brgemm_matches_float64(rows, monkeypatch):
 # Every kernel with a brgemm path, at 8 rows (blocks of more than 4 rows go to brgemm when it is on).
 BRGEMM_CALLS = """
 import torch
-import minisgl.kernels.cpu
+from minisgl.kernels.cpu import is_available
+assert is_available()  # loads the kernels
 from tests.kernels.test_fused_moe import make_moe_case
 from tests.kernels.test_fused_moe_int8 import w8a8_moe
 ops = torch.ops.minisgl_kernel
@@ -188,25 +189,6 @@ def test_minisgl_brgemm_refuses_other_values(monkeypatch):
         ops.weight_packed_linear(torch.randn(8, 64).bfloat16(), packed, None)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_fp16_amx_brgemm_matches_float64(rows):
-    needs("amx_fp16")
-    check_vnni_gemm(torch.float16, rows, True)
-
-
-@pytest.mark.slow
-def test_matrix_engine_sources_compile_with_their_isa_flags():
-    """What an AVX-512/AMX machine builds: gemm_vnni.cpp, moe.cpp, gemm_int8_vnni.cpp and
-    moe_int8.cpp with ATen's AVX512 flags and the AMX ones."""
-    from torch.utils.cpp_extension import include_paths
-
-    flags = [*_ISA_FLAGS["AVX512"], "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
-    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *flags, *(f"-I{p}" for p in include_paths())]
-    for source in ("gemm_vnni.cpp", "moe.cpp", "gemm_int8_vnni.cpp", "moe_int8.cpp"):
-        result = subprocess.run([*cmd, str(SOURCES / source)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr[-3000:]
-
-
 def test_minisgl_brgemm_says_where_onednn_cannot_run_it():
     """oneDNN held at AVX2 has no brgemm: MINISGL_BRGEMM=1 is then refused by name, not with torch's
     message about AMX."""
@@ -226,3 +208,22 @@ except RuntimeError as error:
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MINISGL_BRGEMM=1, but oneDNN's brgemm does not take bf16 on this CPU" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_fp16_amx_brgemm_matches_float64(rows):
+    needs("amx_fp16")
+    check_vnni_gemm(torch.float16, rows, True)
+
+
+@pytest.mark.slow
+def test_matrix_engine_sources_compile_with_their_isa_flags():
+    """What an AVX-512/AMX machine builds: gemm_vnni.cpp, moe.cpp, gemm_int8_vnni.cpp, moe_int8.cpp
+    and extend.cpp with ATen's AVX512 flags and the AMX ones."""
+    from torch.utils.cpp_extension import include_paths
+
+    flags = [*_ISA_FLAGS["AVX512"], "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *flags, *(f"-I{p}" for p in include_paths())]
+    for source in ("gemm_vnni.cpp", "moe.cpp", "gemm_int8_vnni.cpp", "moe_int8.cpp", "extend.cpp"):
+        result = subprocess.run([*cmd, str(SOURCES / source)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]

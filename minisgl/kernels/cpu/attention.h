@@ -155,13 +155,13 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
-// On the bf16 path an AMX CPU takes Q . K^T on its tiles instead (scores_by_brgemm).
+// On the bf16 path, with `brgemm`, Q . K^T goes to AMX's tiles instead (scores_by_brgemm); the
+// caller releases them.
 template <int kDim, bool kDp, typename kv_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
                     int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
-                    int64_t start, const KeyReuse& who) {
+                    int64_t start, const KeyReuse& who, bool brgemm) {
   const int64_t d = kDim ? kDim : a.head_dim;
-  const bool brgemm = kDp && use_brgemm(engines().amx_bf16);
   for (int64_t h = 0; h < heads; ++h) {
     if (who.call < 0 || sc.kt_call != who.call || sc.kt_request != who.request || sc.kt_head != head_begin + h) {
       sc.kt_call = who.call;
@@ -191,7 +191,7 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
         sc.kt_keys = t0 + n;
       }
       // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
-      if (brgemm) {
+      if (kDp && brgemm) {
         scores_by_brgemm(a, sc, kw, h * rows_per_head, std::max<int64_t>(0, t0 - start) * a.group, rows_per_head, ld,
                          t0, d);
         continue;
@@ -209,7 +209,6 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
       }
     }
   }
-  if (brgemm) at::native::cpublas::brgemm_release();
 }
 
 // Vectors of a head per value tile, and query rows per tile: ROWS x kValueVecs accumulators beside
@@ -287,7 +286,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       std::is_same_v<scalar_t, at::BFloat16> && std::is_same_v<kv_t, at::BFloat16> && kDim > 0 && kDim % 32 == 0;
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
-  const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // p . v on brgemm too (values_by_brgemm)
+  const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // both products on AMX's tiles (attention_brgemm.h)
   if (engine) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
@@ -309,7 +308,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   const int64_t ld = round_up(kv_len, kKeyBlock);
   const auto tiles = [&]<bool kDp>() {
     scores_by_tile<kDim, kDp, kv_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
-                                    prefix + first, who);
+                                    prefix + first, who, brgemm);
   };
   if (!by_tile) {
     scores_by_key<kDim, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
@@ -353,7 +352,8 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   };
   if (brgemm) {
     for (int64_t h = 0; h < heads; ++h) {
-      values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, finish);
+      values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, visible,
+                       finish);
     }
     at::native::cpublas::brgemm_release();
     return;

@@ -79,12 +79,14 @@ inline void scores_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const uin
 
 // Pass 3 on brgemm (an AMX CPU, or MINISGL_BRGEMM=1), as sgl-kernel's extend attention does: KV head
 // h's values packed once as VNNI pairs of keys, [kv_len / 2][d][2] (zeros past kv_len), then for
-// each block of up to kBrgemmRows of its rows, o = p . v one key block at a time, accumulating in
-// float32, and finish(r0, rows, out) on the results. The probabilities are the bf16 ones the
-// vdpbf16ps path reads, zero past each row's visible keys up to a whole key block.
-template <typename kv_t, typename Finish>
+// each block of up to kBrgemmRows of its rows, o = p . v one key block at a time up to the keys its
+// last row sees (visible(r)), accumulating in float32, and finish(r0, rows, out) on the results.
+// The probabilities are the bf16 ones the vdpbf16ps path reads, zero past each row's visible keys
+// up to a whole key block.
+template <typename kv_t, typename Visible, typename Finish>
 void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_head, const int32_t* token_slots,
-                      int64_t h, int64_t rows_per_head, int64_t kv_len, int64_t ld, int64_t d, Finish&& finish) {
+                      int64_t h, int64_t rows_per_head, int64_t kv_len, int64_t ld, int64_t d, Visible&& visible,
+                      Finish&& finish) {
   const int64_t keys = round_up(kv_len, kKeyBlock);
   Scratch::grow(sc.values_w, keys * d);
   Scratch::grow(sc.pv_out, kBrgemmRows * d);
@@ -97,7 +99,7 @@ void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_he
   }
   for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kBrgemmRows) {
     const int64_t m = std::min(kBrgemmRows, (h + 1) * rows_per_head - r0);
-    for (int64_t t0 = 0; t0 < keys; t0 += kKeyBlock) {
+    for (int64_t t0 = 0; t0 < visible(r0 + m - 1); t0 += kKeyBlock) {
       at::native::cpublas::brgemm(m, d, kKeyBlock, ld, d, d, /*add_C=*/t0 > 0, sc.p_bf16.data() + r0 * ld + t0,
                                   vw + t0 * d, sc.pv_out.data());
     }
