@@ -19,7 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels.cpu import _ISA_FLAGS, is_available
-from minisgl.kernels.cpu.features import _FEATURES, _proc_cpuinfo_flags, cpu_features, vnni_gemm_engine
+from minisgl.kernels.cpu.features import (
+    _FEATURES,
+    _proc_cpuinfo_flags,
+    cpu_features,
+    last_level_cache_bytes,
+    vnni_gemm_engine,
+)
 from minisgl.layers import linear
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
@@ -62,6 +68,17 @@ def test_cpu_features_agree_with_torch_and_proc_cpuinfo():
         assert {n for n in ("avx2", "avx512f", "avx512_bf16") if n in flags and caps[_FEATURES[n]]} <= features
     # ATen dispatches to AVX512 only where the CPU has it (ATEN_CPU_CAPABILITY=avx2 may hold it lower)
     assert torch.backends.cpu.get_cpu_capability() != "AVX512" or "avx512f" in features
+
+
+def test_last_level_cache_is_the_largest_cache_sysfs_lists(tmp_path):
+    """_onednn_is_faster sizes its streamed weights from this; a cache it cannot read counts as 32 MiB."""
+    for index, size in enumerate(["48K", "32K", "1024K", "32768K", "unknown"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 32768 << 10
+    (tmp_path / "index3" / "size").write_text("2M\n")
+    assert last_level_cache_bytes.__wrapped__(tmp_path) == 2 << 20
+    assert last_level_cache_bytes(tmp_path / "missing") == 32 << 20
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -103,3 +103,22 @@ def int8_gemm_engine() -> str:
 def gguf_gemm_uses_avx2() -> bool:
     """Whether gemm_gguf.cpp may take its AVX2 + FMA + F16C path here (else its scalar path)."""
     return {"avx2", "fma", "f16c"} <= cpu_features()
+
+
+@functools.cache
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The size of the largest CPU cache sysfs lists for cpu0 (the L3 on x86), else 32 MiB.
+
+    A benchmark that must time weights streamed from memory, as a forward streams them, sizes
+    its working set from this (linear.py's _onednn_is_faster).
+    """
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for index in cache_dir.glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if size[:-1].isdigit() and size[-1] in units:
+            sizes.append(int(size[:-1]) * units[size[-1]])
+    return max(sizes, default=32 << 20)
