@@ -134,7 +134,8 @@ def _onednn_is_faster(dtype: torch.dtype) -> bool:
     if not has_packed_gemm():
         return True
     w = torch.randn(2048, 1024).to(dtype)
-    count = max(2, min(2 * last_level_cache_bytes(), 256 << 20) // (w.numel() * w.element_size()))
+    # At most 128 MiB a layout: both are held at once, beside the model being packed.
+    count = max(2, min(2 * last_level_cache_bytes(), 128 << 20) // (w.numel() * w.element_size()))
     ours = [torch.ops.minisgl_kernel.convert_weight_packed(w) for _ in range(count)]
     theirs = [torch.ops.mkldnn._reorder_linear_weight(w, 64) for _ in range(count)]
 
