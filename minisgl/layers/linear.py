@@ -139,24 +139,18 @@ def _onednn_is_faster(dtype: torch.dtype) -> bool:
     ours = [torch.ops.minisgl_kernel.convert_weight_packed(w) for _ in range(count)]
     theirs = [torch.ops.mkldnn._reorder_linear_weight(w, 64) for _ in range(count)]
 
-    def elapsed(x: torch.Tensor, weights: list[torch.Tensor], gemm) -> float:
+    def elapsed(x: torch.Tensor, weights: list[torch.Tensor]) -> float:  # apply_linear reads either layout
         start = time.perf_counter()
         for weight in weights:
-            gemm(x, weight)
+            apply_linear(x, weight)
         return time.perf_counter() - start
-
-    def packed(x, weight):
-        return torch.ops.minisgl_kernel.weight_packed_linear(x, weight, None)
-
-    def onednn(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
     for rows in (1, 64):
         x = torch.randn(rows, 1024).to(dtype)
         best_ours, best_theirs = float("inf"), float("inf")
         for _ in range(3):  # alternating, so that both see the same machine (another process may take the cores)
-            best_ours = min(best_ours, elapsed(x, ours, packed))
-            best_theirs = min(best_theirs, elapsed(x, theirs, onednn))
+            best_ours = min(best_ours, elapsed(x, ours))
+            best_theirs = min(best_theirs, elapsed(x, theirs))
         if best_theirs >= 0.9 * best_ours:
             return False
     return True
