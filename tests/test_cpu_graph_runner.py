@@ -158,9 +158,10 @@ def test_graph_runner_runs_quantized_linears(tiny_llama, quantization):
 @pytest.mark.slow
 @needs_kernels
 def test_two_models_of_one_class_in_one_process_keep_their_own_graphs(tiny_llama, tmp_path):
-    """Dynamo keeps compiled graphs on the code object, and the runner drops its guards on the model's
-    modules: without a code object per runner, a second Llama of the same shapes would replay the
-    first one's graph, with the first one's RMSNorm epsilon inside it."""
+    """Dynamo keeps compiled graphs on the code object; each runner compiles a code object of its own and
+    replays its own graphs, so a second Llama of the same shapes never replays the first one's graph,
+    with the first one's RMSNorm epsilon inside it (it did when the runner dropped dynamo's guards on
+    the model's modules and shared the code object)."""
     other = tmp_path / "llama-eps"
     shutil.copytree(tiny_llama, other)
     config = json.loads((other / "config.json").read_text())
@@ -174,6 +175,39 @@ def test_two_models_of_one_class_in_one_process_keep_their_own_graphs(tiny_llama
     for path, want in zip((tiny_llama, other), eager):
         engine = Engine(model_path=str(path), max_total_tokens=512, **compile_1)
         assert engine.generate(input_ids=prompt, sampling_params=GREEDY_12)["output_ids"] == want["output_ids"]
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_replay_runs_the_compiled_graph_without_dynamo(tiny_llama):
+    """After a bucket's first step, replay calls its compiled graph on the tensors it was traced on:
+    with the dynamo-wrapped forward made to fail, the next requests still decode, as eager does."""
+    prompts = [[5, 6, 7], [8, 9]]
+    want = Engine(model_path=tiny_llama, max_total_tokens=512).generate(input_ids=prompts, sampling_params=GREEDY_12)
+    engine = Engine(model_path=tiny_llama, max_total_tokens=512, **dict(COMPILE, torch_compile_max_bs=2))
+    runner = engine.scheduler.tp_worker.model_runner.graph_runner
+    short = [{**GREEDY_12, "max_new_tokens": n} for n in (3, 5)]
+    engine.generate(input_ids=prompts, sampling_params=short)
+    assert set(runner.graphs) == {1, 2}  # two requests, then the longer one alone
+
+    def dynamo(*args):
+        raise AssertionError("replay entered dynamo")
+
+    runner.compiled_forward = dynamo
+    got = engine.generate(input_ids=prompts, sampling_params=GREEDY_12)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+
+
+@needs_kernels
+def test_a_graph_input_that_does_not_outlive_the_step_is_refused(tiny_llama):
+    """A replay passes the traced tensors again, so each must be a parameter, a static buffer or a pool."""
+    engine = Engine(model_path=tiny_llama, max_total_tokens=512, **dict(COMPILE, torch_compile_max_bs=1))
+    runner = engine.scheduler.tp_worker.model_runner.graph_runner
+    params = list(engine.scheduler.tp_worker.model_runner.model.parameters())
+    gm = torch.fx.symbolic_trace(lambda weight, scratch: weight * scratch)
+    with pytest.raises(RuntimeError, match="graph input scratch is not a tensor that outlives the step"):
+        runner._compile_bucket(gm, [params[0], torch.ones_like(params[0])])
+    engine.shutdown()
 
 
 def test_torch_compile_is_refused_where_no_graph_runner_serves_it(tiny_llama):

@@ -17,16 +17,16 @@ generated code. The compiled graph takes the static buffers of GraphRunner, so o
 bucket's graph serves every batch padded to it. minisgl is also stricter and leaner
 than SGLang here: the forward must compile as one graph (fullgraph=True; a graph break
 used to fall back to eager per layer, slower than no compile, without a word), the
-graph's op calls are made from generated C++ (cpp_wrapper), and dynamo does not
-re-check every parameter of the model before each replay (the guard filter): the
-weights of a loaded model are not replaced, only written in place.
+graph's op calls are made from generated C++ (cpp_wrapper), and a replay calls the
+bucket's compiled graph directly on the tensors it was traced on, as a CUDA graph
+replays, where SGLang's replay enters dynamo each step (its guards, its Python).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -113,6 +113,20 @@ def set_torch_compile_config(num_buckets: int, tp_size: int) -> None:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, num_buckets)
 
 
+def _storage_key(x: torch.Tensor) -> int:
+    """Where a tensor's data lives, one key for a tensor and its views (a oneDNN-blocked weight has
+    no storage to ask: the tensor itself)."""
+    return id(x) if x.is_mkldnn else x.untyped_storage().data_ptr()
+
+
+def _tensors_in(attributes: dict) -> list[torch.Tensor]:
+    """The tensors among an object's attributes, and those in its lists and tuples of them."""
+    tensors = []
+    for v in attributes.values():
+        tensors += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    return tensors
+
+
 class CPUGraphRunner(GraphRunner):
     """Mirrors CPUGraphRunner in cpu_graph_runner.py; see the module docstring for the differences."""
 
@@ -128,31 +142,65 @@ class CPUGraphRunner(GraphRunner):
         """Wrap the model's forward; inductor compiles a bucket when a batch first needs it."""
         model = self.model_runner.model
         self.batches = {bs: self.static_batch(bs) for bs in self.capture_bs}
+        # bucket -> (inductor's compiled graph, the tensors it was traced on, in its input order)
+        self.graphs: dict[int, tuple[Callable, list[torch.Tensor]]] = {}
+        self._compiling_bs = 0
 
         def forward(input_ids, positions, forward_batch):
             with torch.no_grad():
-                return model.forward(input_ids, positions, forward_batch)
+                return model.forward(input_ids, positions, forward_batch).next_token_logits
 
-        # A code object of this runner's own: dynamo keeps compiled graphs on the code object, and
-        # the guard filter below drops its checks on the model's modules, so two models of one
-        # class in one process (a test, a notebook) would otherwise share graphs, constants and all.
+        # A code object of this runner's own: dynamo keeps compiled graphs on the code object, so
+        # two models of one class in one process (a test, a notebook) would otherwise share graphs.
         forward.__code__ = forward.__code__.replace()
         # fullgraph: a graph break would run the rest of the forward eagerly, slower than no compile
         # at all, and silently (SGLang's runner allows breaks); here it is an error at the first replay.
-        self.compiled_forward = torch.compile(
-            forward,
-            dynamic=False,
-            fullgraph=True,
-            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
-        )
+        self.compiled_forward = torch.compile(forward, backend=self._compile_bucket, dynamic=False, fullgraph=True)
+
+    def _compile_bucket(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """dynamo's backend: inductor compiles the traced graph, kept with the tensors it was traced on.
+
+        Every input must outlive the step (a parameter, a static buffer, a pool), so that a replay can
+        hand the compiled graph the same tensors again, with this step's values written into them."""
+        from torch._inductor.compile_fx import compile_fx  # inductor's import is heavy: only when compiling
+
+        persistent = self._persistent_storages()
+        names = [node.name for node in gm.graph.find_nodes(op="placeholder")]
+        for name, x in zip(names, example_inputs):
+            if not isinstance(x, torch.Tensor) or _storage_key(x) not in persistent:
+                raise RuntimeError(
+                    f"CPUGraphRunner: graph input {name} is not a tensor that outlives the step "
+                    "(a parameter, a static buffer, a pool), so a replay could not pass it again"
+                )
+        compiled = compile_fx(gm, example_inputs)
+        self.graphs[self._compiling_bs] = (compiled, list(example_inputs))
+        return compiled
+
+    def _persistent_storages(self) -> set[int]:
+        """Storages that live as long as the runner: the model's tensors, the static buffers, the pools."""
+        runner = self.model_runner
+        tensors = [self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc, self.positions]
+        for module in runner.model.modules():  # parameters, buffers and plain tensor attributes
+            tensors += [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            tensors += _tensors_in(vars(module))
+        for pool in (runner.req_to_token_pool, runner.token_to_kv_pool):  # allocated once, at start-up
+            tensors += _tensors_in(vars(pool))
+        return {_storage_key(t) for t in tensors}
 
     def replay(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Run the bucket's compiled graph on the static buffers, as a CUDA graph replays.
+
+        After its first run a bucket's graph is called directly, with the tensors it was traced on:
+        dynamo is not asked again, so neither its guards nor its Python around the graph run."""
         raw_bs = forward_batch.batch_size
         bs = self.load_inputs(forward_batch)
-        static = self.batches[bs]
-        start = time.perf_counter() if bs not in self.compile_seconds else None
-        logits = self.compiled_forward(static.input_ids, static.positions, static).next_token_logits
-        if start is not None:
+        if bs in self.graphs:
+            compiled, inputs = self.graphs[bs]
+            (logits,) = compiled(*inputs)
+        else:
+            static = self.batches[bs]
+            start, self._compiling_bs = time.perf_counter(), bs
+            logits = self.compiled_forward(static.input_ids, static.positions, static)
             self.compile_seconds[bs] = time.perf_counter() - start
             logger.info("compiled the decode forward for batch size %d in %.1f s", bs, self.compile_seconds[bs])
         return LogitsProcessorOutput(next_token_logits=logits[:raw_bs])
