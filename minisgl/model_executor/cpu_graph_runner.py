@@ -150,8 +150,9 @@ class CPUGraphRunner(GraphRunner):
             with torch.no_grad():
                 return model.forward(input_ids, positions, forward_batch).next_token_logits
 
-        # A code object of this runner's own: dynamo keeps compiled graphs on the code object, so
-        # two models of one class in one process (a test, a notebook) would otherwise share graphs.
+        # A code object of this runner's own: dynamo keeps compiled graphs, and counts recompiles
+        # against cache_size_limit, per code object, so a second runner in the process (a test, a
+        # notebook) would otherwise recompile on the first one's entry and exhaust its limit.
         forward.__code__ = forward.__code__.replace()
         # fullgraph: a graph break would run the rest of the forward eagerly, slower than no compile
         # at all, and silently (SGLang's runner allows breaks); here it is an error at the first replay.
