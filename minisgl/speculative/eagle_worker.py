@@ -109,7 +109,7 @@ class EAGLEWorker(DraftTpModelWorker):
                 model.set_embed_and_head(embed, head if token_map is None else _cut_head(head, token_map))
         if self.speculative_algorithm.is_eagle3():
             return self.model_runner.model.hot_token_id
-        return None if token_map is None else _load_token_map(token_map, head.org_vocab_size)
+        return None if token_map is None else _load_token_map(token_map, head.org_vocab_size).to(embed.weight.device)
 
     def draft_models(self) -> list:
         return [self.model_runner.model]
@@ -174,7 +174,7 @@ class EAGLEWorker(DraftTpModelWorker):
         state = EagleDraftInput.from_reqs(batch.reqs)
         topk_p, topk_index, hidden_states, scores = state.topk_p, state.topk_index, state.hidden_states, None
         score_list, token_list, parents_list = [], [], []
-        paths = torch.empty(bs, topk, 0, dtype=torch.int64)  # each lane's ancestors' lanes
+        paths = torch.empty(bs, topk, 0, dtype=torch.int64, device=topk_p.device)  # each lane's ancestors' lanes
         for i in range(self.speculative_num_steps):
             input_ids, hidden_states, scores, tree_info, parent_lanes = select_top_k_tokens(
                 i, topk_p, topk_index, hidden_states, scores, topk
@@ -213,8 +213,9 @@ class EAGLEWorker(DraftTpModelWorker):
         topk = self.topk
         lanes = len(prefix_lens) * topk
         prefix = [p + i * topk for p in prefix_lens for _ in range(topk)]
-        positions = torch.tensor([p + i for p in prefix_lens for _ in range(topk)])
-        mask = draft_step_mask(paths, prefix_lens, i, topk) if topk > 1 else None
+        device = hidden_states.device
+        positions = torch.tensor([p + i for p in prefix_lens for _ in range(topk)], device=device)
+        mask = draft_step_mask(paths, prefix_lens, i, topk).to(device) if topk > 1 else None
         step = _extend_batch(
             [r for r in batch.req_pool_indices for _ in range(topk)],
             input_ids.tolist(),
