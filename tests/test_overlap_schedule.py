@@ -11,7 +11,7 @@ import torch
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
-from minisgl.managers.overlap_utils import FutureMap
+from minisgl.managers.overlap_utils import FutureMap, StreamExecutor
 from minisgl.sampling.sampling_params import SamplingParams
 from tests._traces import fresh_and_golden
 
@@ -67,6 +67,19 @@ def test_overlap_outputs_equal_the_normal_loop(tiny_llama, engine_kwargs):
     _assert_pool_whole(overlap)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU's launch path)")
+def test_overlap_on_a_gpu_launches_on_its_own_stream(tiny_llama):
+    """On a GPU the forward is launched from the scheduler thread on a stream of its own
+    (StreamExecutor), with CUDA graphs replayed there; the outputs are the normal loop's."""
+    kwargs = dict(max_total_tokens=2048, device="cuda", disable_cuda_graph=False)
+    want, _ = _run(tiny_llama, overlap=False, **kwargs)
+    got, overlap = _run(tiny_llama, overlap=True, **kwargs)
+    assert isinstance(overlap.scheduler.forward_executor, StreamExecutor)
+    assert overlap.scheduler.tp_worker.model_runner.graph_runner is not None
+    _assert_same(got, want)
+    _assert_pool_whole(overlap)
+
+
 def test_overlap_retracts_like_the_normal_loop(tiny_llama):
     prompts = [[(11 * i + j) % 400 + 3 for j in range(20)] for i in range(8)]
     params = [{"temperature": 0.7, "seed": i, "max_new_tokens": 40, "ignore_eos": True} for i in range(8)]
@@ -116,11 +129,11 @@ def test_future_map_resolves_placeholders_in_place():
     fmap = FutureMap(max_running_requests=4, device="cpu")
     first = fmap.alloc_future_indices(3)
     fmap.store_to_map(first, torch.tensor([101, 102, 103]))
-    input_ids = torch.tensor([5, *(-first.indices[[2, 0]]).tolist(), 9])
+    input_ids = torch.tensor([5, first.placeholders()[2], first.placeholders()[0], 9])
     fmap.resolve_future(input_ids)
     assert input_ids.tolist() == [5, 103, 101, 9]
     # The buffer is circular: after three batches of the maximum size its slots are reused.
-    slots = [fmap.alloc_future_indices(4).indices.tolist() for _ in range(4)]
+    slots = [[-p for p in fmap.alloc_future_indices(4).placeholders()] for _ in range(4)]
     assert min(min(s) for s in slots) >= 1 and max(max(s) for s in slots) < fmap.token_ids_buf.numel()
 
 

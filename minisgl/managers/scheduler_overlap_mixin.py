@@ -4,9 +4,10 @@ Mirrors event_loop_overlap, run_batch's overlap branch and the delayed result of
 python/sglang/srt/managers/scheduler.py. While the forward of batch N runs, the
 scheduler processes N-1's result and prepares N+1, whose inputs are N's *future*
 token ids (overlap_utils.FutureMap). SGLang runs the forward on a CUDA stream of its
-own; on a CPU, where every op blocks its caller, minisgl runs it on one worker
-thread (as SGLang's older tp_worker_overlap_thread.py did); PyTorch releases the
-GIL inside each op, so the two threads really overlap.
+own and returns at once; minisgl does the same on a GPU (overlap_utils.StreamExecutor).
+On a CPU every op blocks its caller, so there the forward runs on one worker thread
+(as SGLang's older tp_worker_overlap_thread.py did); PyTorch releases the GIL inside
+each op, so the two threads really overlap.
 
 Three consequences, handled as SGLang handles them:
 - A request that finishes in N has already been put in N+1 (unless N's token is its
@@ -35,7 +36,7 @@ import logging
 import torch
 
 from minisgl import tracing
-from minisgl.managers.overlap_utils import FutureIndices, FutureMap
+from minisgl.managers.overlap_utils import FutureIndices, FutureMap, StreamExecutor
 from minisgl.managers.schedule_batch import Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
 
@@ -57,10 +58,13 @@ class SchedulerOverlapMixin:
         if not self.enable_overlap:
             return
         self.future_map = FutureMap(self.worker_info.max_running_requests, self.worker_info.device)
-        # A new thread would start with OpenMP's default thread count, not the one torch was told.
-        self.forward_thread = concurrent.futures.ThreadPoolExecutor(
-            1, "minisgl-forward", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
-        )
+        if self.worker_info.device.startswith("cuda"):
+            self.forward_executor = StreamExecutor()
+        else:
+            # A new thread would start with OpenMP's default thread count, not the one torch was told.
+            self.forward_executor = concurrent.futures.ThreadPoolExecutor(
+                1, "minisgl-forward", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+            )
 
     def event_loop_overlap(self, recv_from_engine) -> None:
         """SGLang's event_loop_overlap for one TP rank; see _serve for the receive side."""
@@ -124,7 +128,7 @@ class SchedulerOverlapMixin:
             kv_before = list(batch.prefix_lens)
         model_worker_batch = batch.get_model_worker_batch()  # sampling info is built here, on this thread
         future_indices = self.future_map.alloc_future_indices(batch.batch_size())
-        placeholders = (-future_indices.indices).tolist()
+        placeholders = future_indices.placeholders()
         launched = copy.copy(batch)  # the running batch changes while this one is in flight
         launched.reqs = list(batch.reqs)
         launched.kv_lens_before = dict(zip((r.rid for r in batch.reqs), kv_before))
@@ -135,7 +139,7 @@ class SchedulerOverlapMixin:
         if batch.forward_mode.is_extend():
             batch.reqs = [r for r in batch.reqs if not r.is_chunked]  # chunks never join the running batch
         tracing.point("Scheduler.launch_batch", forward_mode=batch.forward_mode.name, batch_size=len(launched.reqs))
-        future = self.forward_thread.submit(
+        future = self.forward_executor.submit(
             self._forward_with_future, model_worker_batch, future_indices, tracing.is_enabled()
         )
         self.result_queue.append((launched, future))
@@ -143,8 +147,9 @@ class SchedulerOverlapMixin:
     def _forward_with_future(
         self, model_worker_batch, future_indices: FutureIndices, trace: bool
     ) -> tuple[GenerationBatchResult, list[dict]]:
-        """On the forward thread: resolve the batch's future ids, run it, publish its tokens.
-        Its trace events come back with the result, to be added when the result is processed."""
+        """On the forward thread (a CPU) or stream (a GPU): resolve the batch's future ids, run it,
+        publish its tokens. Its trace events come back with the result, to be added when the
+        result is processed."""
         with tracing.record() if trace else contextlib.nullcontext([]) as events:
             input_ids = torch.tensor(model_worker_batch.input_ids, dtype=torch.int64, device=self.future_map.device)
             self.future_map.resolve_future(input_ids)
@@ -200,7 +205,9 @@ class SchedulerOverlapMixin:
 
     def _wait_for_forwards(self) -> None:
         """Let every launched forward end before an abort frees what it reads."""
-        concurrent.futures.wait([f for _, f in self.result_queue])
+        for _, future in self.result_queue:
+            with contextlib.suppress(Exception):  # its own failure is handled when it is popped
+                future.result()
 
 
 def _sampling_reads_last_token(req: Req) -> bool:
