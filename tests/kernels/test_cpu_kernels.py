@@ -115,6 +115,35 @@ def test_decode_attention_matches_sdpa(dtype, kv_dtype, num_heads, num_kv_heads,
     torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.fixture
+def four_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS)
+@pytest.mark.parametrize("seq_lens", [[1000], [3, 777]])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 1)])
+@pytest.mark.parametrize("head_dim", [64, 32])
+def test_decode_attention_with_split_keys_matches_sdpa(
+    four_threads, dtype, kv_dtype, seq_lens, num_heads, num_kv_heads, head_dim
+):
+    """Fewer (request, KV head) items than twice the 4 threads: each item's keys are split into
+    ranges of at least 256 and merged by their log-sum-exp (decode.cpp's decode_split); the
+    request of 3 tokens leaves its later ranges empty."""
+    c = make_paged_case(
+        [n - 1 for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, 1, kv_dtype
+    )
+    key, value, loc = new_kv(c, [1] * len(seq_lens), num_kv_heads, dtype, head_dim)
+    o = torch.empty(len(seq_lens), num_heads, head_dim, dtype=dtype)
+    args = (c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"], c["req_pool_indices"], c["seq_lens"])
+    ops.decode_attention_cpu(c["q"], o, *args, 0.125)
+    assert torch.equal(c["k_buffer"][loc], key.to(kv_dtype)) and torch.equal(c["v_buffer"][loc], value.to(kv_dtype))
+    torch.testing.assert_close(o.double(), reference_attention(c, 0.125), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("dtype,kv_dtype", DTYPE_PAIRS)
 @pytest.mark.parametrize("prefix_lens,extend_lens", [([0, 0, 0], [1, 45, 100]), ([0, 17, 64], [70, 3, 33])])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4)])

@@ -45,6 +45,14 @@ struct RowMask {
   int64_t ld = 0;
 };
 
+// Where attend_block leaves its rows when the caller merges several key ranges (decode.cpp's
+// split keys): each row's output in float32, divided by its own sum, and its log-sum-exp, by
+// which the ranges are weighed. Null: rows are stored in o, in the model dtype.
+struct PartialOut {
+  float* o = nullptr;    // [rows][head_dim]
+  float* lse = nullptr;  // [rows]
+};
+
 // Identifies one call of an attention kernel, so that a thread's Scratch never reuses keys
 // transposed in an earlier call (another layer, or the same slots holding other tokens).
 inline int64_t next_call_id() {
@@ -270,7 +278,7 @@ template <int kDim, typename scalar_t, typename kv_t>
 void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, int64_t o_token_stride,
                   const kv_t* k_buf, const kv_t* v_buf, const int32_t* token_slots, int64_t head_begin,
                   int64_t head_end, int64_t prefix, int64_t first, int64_t count, Scratch& sc,
-                  const KeyReuse& who = {}, const RowMask& mask = {}) {
+                  const KeyReuse& who = {}, const RowMask& mask = {}, const PartialOut& partial = {}) {
   const int64_t d = kDim ? kDim : a.head_dim, n_vec = d / Vec::size();
   const int64_t heads = head_end - head_begin;
   const int64_t rows_per_head = count * a.group, rows = heads * rows_per_head;
@@ -328,7 +336,9 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       }
     }
     const float m = max_of(s, visible(r));
-    sc.inv_sum[r] = 1.f / exp_and_sum(s, visible(r), m);
+    const float sum = exp_and_sum(s, visible(r), m);
+    sc.inv_sum[r] = 1.f / sum;
+    if (partial.lse) partial.lse[r] = m + std::log(sum);
     std::fill(s + visible(r), s + kv_len, 0.f);
     if (engine) store_row(s, sc.p_bf16.data() + r * ld, kv_len);  // rounded to nearest even, for vdpbf16ps
     if (brgemm) std::fill(sc.p_bf16.data() + r * ld + kv_len, sc.p_bf16.data() + (r + 1) * ld, at::BFloat16(0.f));
@@ -343,7 +353,9 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       scalar_t* dst = o + (first + j) * o_token_stride + ((head_begin + h) * a.group + g) * d;
       const Vec inv(sc.inv_sum[r]);
       for (int64_t c = 0; c < n_vec; ++c) (Vec::loadu(out + i * d + c * Vec::size()) * inv).store(out + i * d + c * Vec::size());
-      if constexpr (std::is_same_v<scalar_t, float>) {
+      if (partial.o) {
+        std::copy_n(out + i * d, d, partial.o + r * d);
+      } else if constexpr (std::is_same_v<scalar_t, float>) {
         std::copy_n(out + i * d, d, dst);
       } else {
         store_row(out + i * d, dst, d);  // rounds to the model dtype in vector registers
