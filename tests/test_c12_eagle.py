@@ -179,6 +179,19 @@ def test_eagle_tree_on_the_cpu_kernels_backend(arch, algorithm, tmp_path_factory
     _check(arch, algorithm, TREE, tmp_path_factory, disable_radix_cache=True, attention_backend="intel_amx")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_eagle_on_a_gpu(shape, tmp_path_factory):
+    """The draft's own tensors (lane paths, positions, tree masks, the hot-token map) are made on
+    the device: a host tensor there once failed the first draft step."""
+    gpu = dict(device="cuda", attention_backend="torch_native")
+    expected = _plain("llama", **gpu)
+    engine = _eagle("llama", "EAGLE", _head("llama", "EAGLE", tmp_path_factory), shape, **gpu)
+    rounds = _with_oracle(engine, {tuple(p): e for p, e in zip(PROMPTS, expected)})
+    assert _ids(engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)) == expected
+    assert rounds["n"] > 0
+
+
 @pytest.mark.slow
 def test_eagle_radix_cache_chunked_prefill_and_stops(tmp_path_factory):
     # Shared prefixes come from the radix cache; 8-token chunks split the prompts; stop tokens
