@@ -55,8 +55,6 @@ void merge_splits(const float* part_o, const float* part_lse, int64_t splits, in
   }
 }
 
-}  // namespace
-
 // decode_attention_cpu with each (request, KV head)'s keys split into `splits` ranges.
 template <int kDim, typename scalar_t, typename kv_t>
 void decode_split(const PagedAttentionArgs& a, const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer,
@@ -94,6 +92,8 @@ void decode_split(const PagedAttentionArgs& a, const at::Tensor& q, at::Tensor& 
     }
   });
 }
+
+}  // namespace
 
 // q, o: [batch, heads, dim]; key, value: [batch, kv_heads, dim], the new token's, stored at pool
 // slots `loc`; k_buffer/v_buffer: this layer's pool; seq_lens include the new token.
