@@ -8,7 +8,8 @@ Needs a CUDA device (on a CPU-only machine it says so and exits with status 1).
 benchmarks/gpu_check.py checks the Triton kernels alone; this runs whole engines:
 
 1. parity: every tiny architecture (minisgl.tools.make_tiny_model) on the GPU in float32
-   against transformers on the GPU: prefill logits and greedy tokens.
+   against transformers on the GPU: each generated token is HF's argmax after the same
+   prefix, and its logprob is HF's.
 2. loops: the model at --model-path through the four combinations of SGLang's two
    event loops (normal, overlap) and CUDA graphs (off, on): greedy tokens against the
    normal eager loop, then TTFT and decode tok/s per stream at batch 1, 4, 16 and 64,
@@ -69,7 +70,8 @@ def random_checkpoint_like(model_path: str, out: Path) -> str:
 
 @torch.no_grad()
 def check_parity(device: str) -> None:
-    """Prefill logits and 16 greedy tokens of 4 prompts, minisgl against transformers, float32."""
+    """16 greedy tokens of 4 prompts, minisgl against transformers, float32: HF scores minisgl's
+    sequence once, and each token must be its argmax, with minisgl's logprob."""
     from transformers import AutoModelForCausalLM
 
     print("== parity with transformers on the device, float32 (tiny random checkpoints)")
