@@ -33,11 +33,11 @@ int64_t num_key_splits(int64_t items, int64_t max_len) {
 template <typename scalar_t>
 void merge_splits(const float* part_o, const float* part_lse, int64_t splits, int64_t group, int64_t d,
                   scalar_t* o) {
-  std::vector<float> row(d);
+  float row[kMaxHeadDim];  // per layer and item: no allocation
   for (int64_t g = 0; g < group; ++g) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t s = 0; s < splits; ++s) m = std::max(m, part_lse[s * group + g]);
-    std::fill(row.begin(), row.end(), 0.f);
+    std::fill_n(row, d, 0.f);
     float total = 0.f;
     for (int64_t s = 0; s < splits; ++s) {
       const float w = std::exp(part_lse[s * group + g] - m);  // an empty range: exp(-inf) = 0
@@ -48,9 +48,9 @@ void merge_splits(const float* part_o, const float* part_lse, int64_t splits, in
     }
     for (int64_t c = 0; c < d; ++c) row[c] /= total;
     if constexpr (std::is_same_v<scalar_t, float>) {
-      std::copy_n(row.data(), d, o + g * d);
+      std::copy_n(row, d, o + g * d);
     } else {
-      store_row(row.data(), o + g * d, d);
+      store_row(row, o + g * d, d);
     }
   }
 }
