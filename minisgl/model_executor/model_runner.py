@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from minisgl import tracing
+from minisgl.huge_pages import move_to_huge_pages
 from minisgl.configs.model_config import AttentionArch, ModelConfig
 from minisgl.distributed.parallel_state import get_world_group, init_distributed_environment, initialize_model_parallel
 from minisgl.distributed.utils import get_pp_indices
@@ -160,6 +161,9 @@ class ModelRunner:
     @tracing.traced(attrs=lambda self: {"dtype": str(self.model_config.dtype).removeprefix("torch.")})
     def load_model(self) -> None:
         self.model = get_model(self.model_config, self.device, self.draft_model_idx)
+        if self.device == "cpu":
+            # Decode streams every weight each step: on 2 MiB pages, 512x fewer TLB misses (huge_pages.py).
+            move_to_huge_pages(self.model)
         self.dtype = self.model_config.dtype
         # SGLang's configure_kv_cache_dtype, minus fp8/fp4 (ServerArgs refuses them): "auto" keeps
         # the model's dtype; bfloat16 halves a float32 model's KV and what decode attention reads.
