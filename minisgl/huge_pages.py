@@ -49,8 +49,10 @@ def _arena(nbytes: int) -> tuple[mmap.mmap, int]:
     """nbytes of private anonymous memory advised for huge pages, and the offset in it of the first
     2 MiB boundary, where the arena starts."""
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        mapping.madvise(mmap.MADV_HUGEPAGE)  # before the first write: faults then take whole 2 MiB pages
+    try:  # before the first write: faults then take whole 2 MiB pages
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):  # no madvise here, or a kernel built without THP (EINVAL)
+        pass
     return mapping, -torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
 
 
