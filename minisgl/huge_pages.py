@@ -3,16 +3,16 @@
 minisgl's own; SGLang has no counterpart (on a GPU, pages are the driver's business). A decode
 step at a small batch streams every weight once, and with 4 KiB pages that is a TLB miss, a
 walk of the page tables, every 4 KiB: 131,000 per float32 step of SmolLM2-135M. On 2 MiB pages
-there are 512 times fewer. llama.cpp gets some of this from the
-kernel without asking: it maps the GGUF file, and the page cache can hold parts of a file in
-2 MiB folios (80 of the 527 MB of the float32 file, mapped and read on one machine). Weights
-that torch allocated are anonymous memory, which the common THP setting ("madvise") backs with
-huge pages only where a program asks, with madvise(MADV_HUGEPAGE).
+there are 512 times fewer. llama.cpp gets some of this from the kernel without asking: it maps
+the GGUF file, and the page cache can hold parts of a file in 2 MiB folios (80 of the 527 MB of
+the float32 file, mapped and read on one machine). Weights that torch allocated are anonymous
+memory, which the common THP setting ("madvise") backs with huge pages only where a program
+asks, with madvise(MADV_HUGEPAGE).
 
 So after loading, every large weight is copied into one arena that asked, and each tensor is
 re-pointed at its copy in place (``Tensor.set_``), so every module, list and view that holds
 the tensor sees the new memory. One arena rather than one mapping per weight: only whole 2 MiB
-pages inside a mapping can be huge, and most of SmolLM2's 120 weights are 0.6 to 7 MiB.
+pages inside a mapping can be huge, and most of SmolLM2's 121 weights are 0.6 to 7 MiB.
 Where the kernel has THP off, or the platform has no madvise, the arena is plain memory and
 nothing else changes.
 """

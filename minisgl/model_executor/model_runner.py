@@ -22,7 +22,6 @@ import psutil
 import torch
 
 from minisgl import tracing
-from minisgl.huge_pages import move_to_huge_pages
 from minisgl.configs.model_config import AttentionArch, ModelConfig
 from minisgl.distributed.parallel_state import get_world_group, init_distributed_environment, initialize_model_parallel
 from minisgl.distributed.utils import get_pp_indices
@@ -32,6 +31,7 @@ from minisgl.eplb.expert_distribution import (
     set_global_expert_distribution_recorder,
 )
 from minisgl.eplb.expert_location import compute_initial_expert_location_metadata
+from minisgl.huge_pages import move_to_huge_pages
 from minisgl.layers.attention.attention_registry import ATTENTION_BACKENDS
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.logits_processor import LogitsProcessorOutput
