@@ -40,5 +40,11 @@ def test_the_view_is_the_last_steps_forward():
     view = profile_screenshot.last_step_view(trace)
     assert view.total == 30 and view.start == pytest.approx(19.95) and view.end == pytest.approx(23)
     assert 22 < view.click < view.end
+    # A tiny model on a fast CPU: a 0.85 ms step, a 0.4 ms forward. The window is still 1 ms wide,
+    # and the click lands inside the forward, not after it.
+    fast = {"traceEvents": [{"ph": "X", "name": "Scheduler.step", "ts": 0, "dur": 850}]}
+    fast["traceEvents"].append({"ph": "X", "name": "ModelRunner.forward", "ts": 200, "dur": 400})
+    view = profile_screenshot.last_step_view(fast)
+    assert view.end - view.start >= 1 and 0.2 < view.click < 0.6
     with pytest.raises(ValueError, match="Scheduler.step"):
         profile_screenshot.last_step_view({"traceEvents": [{"ph": "X", "name": "x", "ts": 0}]})
