@@ -23,18 +23,13 @@ import time
 import torch
 from torch import nn
 
-from minisgl.huge_pages import move_to_huge_pages
+from minisgl.huge_pages import move_to_huge_pages, smaps_rollup_bytes
 from minisgl.kernels.cpu import is_available
 from minisgl.layers.linear import pack_linear_weight
 
 # (N, K) of SmolLM2-135M's GEMMs, once per layer, then the LM head.
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LM_HEAD = (49152, 576)
-
-
-def _anon_huge_bytes() -> int:
-    line = next(ln for ln in open("/proc/self/smaps_rollup") if ln.startswith("AnonHugePages:"))
-    return int(line.split()[1]) << 10
 
 
 def weights(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -62,9 +57,9 @@ def main() -> None:
         plain = weights(dtype)
         holder = nn.Module()
         holder.ws = weights(dtype)
-        huge_before = _anon_huge_bytes()
+        huge_before = smaps_rollup_bytes("AnonHugePages")
         moved = move_to_huge_pages(holder)
-        backed = _anon_huge_bytes() - huge_before
+        backed = smaps_rollup_bytes("AnonHugePages") - huge_before
         xs = {k: torch.randn(1, k).to(dtype) for k in (576, 1536)}
         times = {"4 KiB pages": [], "huge pages": []}
         for i in range(args.passes + 3):

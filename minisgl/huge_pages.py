@@ -91,3 +91,10 @@ def move_to_huge_pages(module: nn.Module) -> int:
                 freed = 0
     malloc_trim()
     return total
+
+
+def smaps_rollup_bytes(field: str) -> int:
+    """One field of /proc/self/smaps_rollup ("Rss", "AnonHugePages"), in bytes. It walks the page
+    tables; /proc/self/status's VmRSS lags behind huge-page faults (it once showed 105 MB too many)."""
+    line = next(ln for ln in open("/proc/self/smaps_rollup") if ln.startswith(field + ":"))
+    return int(line.split()[1]) << 10

@@ -10,7 +10,7 @@ from torch import nn
 
 from minisgl import huge_pages
 from minisgl.entrypoints.engine import Engine
-from minisgl.huge_pages import HUGE_PAGE, MIN_BYTES, move_to_huge_pages
+from minisgl.huge_pages import HUGE_PAGE, MIN_BYTES, move_to_huge_pages, smaps_rollup_bytes
 
 
 def _model() -> nn.Module:
@@ -57,12 +57,6 @@ def test_large_weights_move_into_one_aligned_arena_with_values_ties_and_views_ke
     assert isinstance(m.proj.weight, nn.Parameter) and m.proj(torch.randn(2, 64)).shape == (2, 512)
 
 
-def _rss_bytes() -> int:
-    # smaps_rollup walks the page tables; /proc/self/status's VmRSS lags behind huge-page faults.
-    line = next(ln for ln in open("/proc/self/smaps_rollup") if ln.startswith("Rss:"))
-    return int(line.split()[1]) << 10
-
-
 @pytest.mark.skipif(not pathlib.Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's smaps_rollup")
 def test_the_old_memory_is_freed_views_included():
     # 96 MiB of weights, a third of it a view whose base is the only other holder of its memory
@@ -72,10 +66,10 @@ def test_the_old_memory_is_freed_views_included():
     m.b = torch.ones(1, 8 << 20).squeeze(0)
     m.c = [torch.ones(4 << 20), torch.ones(4 << 20)]
     gc.collect()
-    before = _rss_bytes()
+    before = smaps_rollup_bytes("Rss")
     assert move_to_huge_pages(m) >= 96 << 20
     gc.collect()
-    assert _rss_bytes() - before < 16 << 20
+    assert smaps_rollup_bytes("Rss") - before < 16 << 20
     _assert_in_one_arena([m.a, m.b, m.b._base, *m.c], 96 << 20)
 
 
