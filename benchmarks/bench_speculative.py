@@ -26,7 +26,8 @@ requests at a time. For each configuration it prints generated tokens/s, the spe
 plain decoding in the same dtype and batch size, the accept length (tokens per target
 forward, SGLang's spec_accept_length), the accept rate (draft tokens kept / drafted), the
 draft and verify time per round (draft = the worker's draft + draft extend after verify;
-wall time of those methods, measured by wrapping them in this process), and whether the
+wall time of those methods, measured by wrapping them in this process; the draft extend runs
+inside verify and is counted once, in draft, so the two add up to the worker's round), and whether the
 output equals plain decoding's token for token (it must, greedy; bfloat16 rounds the
 verify's batched positions differently from single steps, so a near-tie may flip there).
 
@@ -81,6 +82,8 @@ def phase_timer(timings: dict):
     from minisgl.speculative.eagle_worker import EAGLEWorker
     from minisgl.speculative.standalone_worker import StandaloneWorker
 
+    # verify calls forward_draft_extend_after_decode itself: that time is the draft's, so it is
+    # counted there and taken out of verify's (before, a round's draft + verify counted it twice).
     phases = {"draft": "draft", "forward_draft_extend_after_decode": "draft", "verify": "verify"}
     originals = [(cls, name, getattr(cls, name)) for cls in (EAGLEWorker, StandaloneWorker) for name in phases]
 
@@ -90,8 +93,11 @@ def phase_timer(timings: dict):
             try:
                 return method(*args, **kwargs)
             finally:
-                timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                timings[phase] = timings.get(phase, 0.0) + seconds
                 timings[f"{phase}_calls"] = timings.get(f"{phase}_calls", 0) + 1
+                if method.__name__ == "forward_draft_extend_after_decode":
+                    timings["verify"] = timings.get("verify", 0.0) - seconds
 
         return wrapper
 

@@ -125,9 +125,12 @@ class ForwardBatch:
             token_to_kv_pool=model_runner.token_to_kv_pool,
             attn_backend=model_runner.attn_backend,
         )
-        if fb.forward_mode.is_decode():
+        tree_positions = getattr(batch.spec_info, "positions", None)  # a draft or verify tree: a node's depth
+        if tree_positions is not None:
+            fb.positions = tree_positions.to(device)
+        elif fb.forward_mode.is_decode():
             fb.positions = seq_lens - 1
-        else:
+        if not fb.forward_mode.is_decode():
             fb.extend_seq_lens_cpu = list(batch.extend_seq_lens)
             fb.extend_prefix_lens_cpu = list(batch.extend_prefix_lens)
             fb.extend_logprob_start_lens_cpu = list(batch.extend_logprob_start_lens)
@@ -135,9 +138,8 @@ class ForwardBatch:
             fb.extend_seq_lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64, device=device)
             fb.extend_prefix_lens = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64, device=device)
             fb.extend_start_loc = torch.cumsum(fb.extend_seq_lens, dim=0) - fb.extend_seq_lens
-            fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
-        if getattr(batch.spec_info, "positions", None) is not None:
-            fb.positions = batch.spec_info.positions.to(device)  # a draft or verify tree: a node's depth
+            if tree_positions is None:  # three small ops per forward, which an EAGLE round runs four times
+                fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
         return fb
 
 
