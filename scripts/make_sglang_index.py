@@ -1,6 +1,6 @@
 """Write docs/reference/sglang-index-64bca53.json: facts about SGLang's runtime at the pinned commit.
 
-The docs tests (tests/test_docs.py) check every `python/sglang/srt/<file>:<line>` the book cites
+The docs tests (tests/test_docs_sglang.py) check every `python/sglang/srt/<file>:<line>` the book cites
 against this file, so it ships with the project and a bare clone runs every check. It holds
 facts only, never code: for each file under python/sglang/srt/, its length, the line of each
 top-level class and function and of each method (as `Class.method`), and the srt packages it

@@ -6,7 +6,7 @@ Two jobs.
    (header `| minisgl | SGLang at 64bca53 | ... |`); `docs/concordance.md` holds the
    marker `<!-- concordance:generated -->`, which this hook replaces with every
    chapter's rows, grouped by chapter and then sorted by SGLang file. The page can
-   therefore never disagree with the chapters, and tests/test_docs.py checks the
+   therefore never disagree with the chapters, and tests/test_docs_sglang.py checks the
    chapters' rows against the SGLang index.
 2. Make references clickable. An inline code span that is a whole SGLang reference
    (`python/sglang/srt/<file>.py:<line>`, a file, or a folder) links to that place on

@@ -1,260 +1,48 @@
 """Docs that cannot rot: every reference in docs/ resolves against the current tree.
 
-Fast and browser-free. It reads the Markdown under docs/ and checks, against the
-source (parsed with ``ast``, never imported), the tests/ folder and the SGLang index
-that ships in docs/reference/ (scripts/make_sglang_index.py writes it from an SGLang checkout):
+Fast and browser-free. It reads the Markdown under docs/ (tests/docs_markdown.py) and checks,
+against the source (parsed with ``ast``, never imported: tests/docs_source.py) and the tests/ folder:
 
 - code references in inline code spans: ``minisgl/x.py``, ``minisgl/x.py::Class.member``,
   ``minisgl/x.py:12``, ``minisgl/dir/``, ``minisgl.module``, ``python -m minisgl.module``,
   ``tests/...py``, ``scripts/...``, and short ``Class.member`` where Class is a minisgl class;
 - ``*(being built)*`` markers, both ways (missing code must be marked, marked code must be missing);
 - claim tables: a cited claim has a tests/test_c<N>_*.py file, or says "planned" and has none;
-- SGLang ``python/sglang/srt/<path>:<line>`` references and concordance symbols, against the index;
 - imports in Python code blocks, ``python -m`` in shell code blocks, relative links,
   the API page's mkdocstrings targets, and quoted golden-trace excerpts.
 
-The conventions are documented for writers in docs/contributing.md.
+SGLang references and the concordance tables are test_docs_sglang.py's. The conventions are
+documented for writers in docs/contributing.md.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs"
-PKG = REPO / "minisgl"
-SGLANG_INDEX = DOCS / "reference" / "sglang-index-64bca53.json"  # made by scripts/make_sglang_index.py
-CLAIMS = range(1, 13)
+from tests.docs_markdown import (
+    BEING_BUILT,
+    CHAPTERS,
+    DOCS,
+    PAGES,
+    REPO,
+    SPAN,
+    TRANSLATED,
+    Page,
+    Span,
+    english_page,
+    load,
+    span_texts,
+)
+from tests.docs_source import all_classes, class_has, module_file, module_info, resolve_symbol
 
-# Every page of both editions: the Chinese page.zh.md beside page.md is checked like the English one.
-PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
-CHAPTERS = [p for p in PAGES if p.startswith("chapters/")]
-TRANSLATED = re.compile(r"\.zh\.md$")
+CLAIMS = range(1, 13)
 # The claims table's first and last header cells, in each edition.
 CLAIM_HEADERS = {("Claim", "Test"), ("论断", "测试")}
-
-
-def english_page(path: str) -> str:
-    """The English page a page translates (itself for an English page)."""
-    return TRANSLATED.sub(".md", path)
-
-
-# ---------------------------------------------------------------------------------------
-# Markdown reading
-# ---------------------------------------------------------------------------------------
-
-_FENCE_OPEN = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
-_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
-_BEING_BUILT = "(being built)"
-
-
-@dataclass
-class Span:
-    line: int  # 1-based
-    text: str
-    after: str  # the rest of the line after the span
-    full: str  # the whole line
-
-
-@dataclass
-class Block:
-    line: int  # line of the opening fence
-    info: str  # what follows the fence: language and attributes
-    body: list[str]
-
-    @property
-    def lang(self) -> str:
-        return self.info.split()[0].lower() if self.info.split() else ""
-
-
-@dataclass
-class Page:
-    path: str
-    prose: list[str]  # the page's lines, fenced blocks blanked out
-    blocks: list[Block] = field(default_factory=list)
-
-    @functools.cached_property
-    def spans(self) -> list[Span]:
-        out = []
-        for i, line in enumerate(self.prose, 1):
-            following = self.prose[i] if i < len(self.prose) else ""
-            for m in _SPAN.finditer(line):
-                # A marker may wrap onto the next line: "... `path`\n*(being built)* ...".
-                after = line[m.end() :] if line[m.end() :].strip() else following
-                out.append(Span(i, m.group(2).strip(), after, line))
-        return out
-
-    def tables(self) -> list[tuple[int, list[list[str]]]]:
-        """(first line, rows) of each pipe table; rows[0] is the header, the divider dropped."""
-        out, current, start = [], [], 0
-        for i, line in enumerate(self.prose + [""], 1):
-            if line.lstrip().startswith("|"):
-                if not current:
-                    start = i
-                current.append((i, line))
-                continue
-            if len(current) >= 2:
-                rows = [_cells(text) for _, text in current]
-                lines = [n for n, _ in current]
-                out.append((start, [(lines[0], rows[0])] + list(zip(lines[2:], rows[2:]))))
-            current = []
-        return out
-
-
-def _cells(line: str) -> list[str]:
-    # Split on pipes outside code spans.
-    masked = _SPAN.sub(lambda m: m.group(0).replace("|", "\0"), line.strip())
-    return [c.replace("\0", "|").strip() for c in masked.strip("|").split("|")]
-
-
-@functools.lru_cache(maxsize=None)
-def load(path: str) -> Page:
-    prose, blocks, fence, block = [], [], None, None
-    for i, line in enumerate((DOCS / path).read_text(encoding="utf-8").splitlines(), 1):
-        if fence is None:
-            m = _FENCE_OPEN.match(line)
-            if m:
-                fence = m.group(2)
-                block = Block(i, m.group(3).strip(), [])
-                prose.append("")
-                continue
-            prose.append(line)
-        else:
-            stripped = line.strip()
-            if stripped.startswith(fence[0] * len(fence)) and set(stripped) == {fence[0]}:
-                blocks.append(block)
-                fence = None
-            else:
-                block.body.append(line)
-            prose.append("")
-    assert fence is None, f"{path}: unclosed code fence opened at line {block.line}"
-    return Page(path, prose, blocks)
-
-
-def _span_texts(cell: str) -> list[str]:
-    return [m.group(2).strip() for m in _SPAN.finditer(cell)]
-
-
-# ---------------------------------------------------------------------------------------
-# The minisgl source, read with ast
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class ClassInfo:
-    members: set[str]
-    bases: list[str]
-
-
-@dataclass
-class ModuleInfo:
-    defined: set[str]  # top-level classes, functions, assignments
-    imported: set[str]  # names brought in by import statements
-    classes: dict[str, ClassInfo]
-
-
-def _targets(node: ast.AST) -> list[ast.AST]:
-    if isinstance(node, ast.Assign):
-        out = []
-        for t in node.targets:
-            out.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
-        return out
-    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-        return [node.target]
-    return []
-
-
-def _class_info(node: ast.ClassDef) -> ClassInfo:
-    members: set[str] = set()
-    for item in node.body:
-        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            members.add(item.name)
-        for t in _targets(item):
-            if isinstance(t, ast.Name):
-                members.add(t.id)
-    # Instance attributes: self.x = ... anywhere in the class's methods.
-    for sub in ast.walk(node):
-        for t in _targets(sub):
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                members.add(t.attr)
-    bases = []
-    for b in node.bases:
-        if isinstance(b, ast.Name):
-            bases.append(b.id)
-        elif isinstance(b, ast.Attribute):
-            bases.append(b.attr)
-    return ClassInfo(members, bases)
-
-
-@functools.lru_cache(maxsize=None)
-def module_info(rel: str) -> ModuleInfo:
-    tree = ast.parse((REPO / rel).read_text(encoding="utf-8"))
-    defined, imported, classes = set(), set(), {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.ClassDef):
-            defined.add(node.name)
-            classes[node.name] = _class_info(node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
-        for t in _targets(node):
-            if isinstance(t, ast.Name):
-                defined.add(t.id)
-    return ModuleInfo(defined, imported, classes)
-
-
-@functools.lru_cache(maxsize=None)
-def all_classes() -> dict[str, list[ClassInfo]]:
-    out: dict[str, list[ClassInfo]] = {}
-    for path in sorted(PKG.rglob("*.py")):
-        for name, info in module_info(path.relative_to(REPO).as_posix()).classes.items():
-            out.setdefault(name, []).append(info)
-    return out
-
-
-def class_has(cls: str, member: str, _seen: frozenset = frozenset()) -> bool:
-    for info in all_classes().get(cls, []):
-        if member in info.members:
-            return True
-        for base in info.bases:
-            if base not in _seen and class_has(base, member, _seen | {cls}):
-                return True
-    return False
-
-
-def module_file(dotted: str) -> str | None:
-    """'minisgl.a.b' -> 'minisgl/a/b.py' or 'minisgl/a/b/__init__.py', if it exists."""
-    base = dotted.replace(".", "/")
-    for cand in (f"{base}.py", f"{base}/__init__.py"):
-        if (REPO / cand).is_file():
-            return cand
-    return None
-
-
-def resolve_symbol(rel: str, symbol: str) -> str | None:
-    """None if `symbol` ('f', 'Class', 'Class.member') is defined in file `rel`, else why not."""
-    info = module_info(rel)
-    head, _, rest = symbol.partition(".")
-    if head not in info.defined:
-        return f"{rel} defines no {head!r}"
-    if not rest:
-        return None
-    if head not in info.classes:
-        return f"{head!r} in {rel} is not a class, so it has no {rest!r}"
-    if "." in rest:
-        return f"only Class.member is supported, not {symbol!r}"
-    cls = info.classes[head]
-    if rest in cls.members or any(class_has(b, rest) for b in cls.bases):
-        return None
-    return f"class {head} in {rel} has no member {rest!r}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,7 +95,7 @@ def check_span(text: str) -> tuple[bool, str] | None:
 
 
 def _marked(span: Span) -> bool:
-    return span.after.lstrip(" *_").startswith(_BEING_BUILT)
+    return span.after.lstrip(" *_").startswith(BEING_BUILT)
 
 
 def _sglang_cells(page: Page) -> dict[int, set[str]]:
@@ -317,7 +105,7 @@ def _sglang_cells(page: Page) -> dict[int, set[str]]:
         header = rows[0][1]
         if len(header) >= 2 and header[0] == "minisgl" and header[1].startswith("SGLang"):
             for line, cells in rows[1:]:
-                out[line] = set(_span_texts(cells[1]))
+                out[line] = set(span_texts(cells[1]))
     return out
 
 
@@ -355,7 +143,7 @@ def test_code_references_resolve(path):
         if not results:
             continue
         resolves = all(ok for ok, _ in results)
-        marked = _marked(span) or (_BEING_BUILT in span.full and _R_PY_M.search(span.text) is not None)
+        marked = _marked(span) or (BEING_BUILT in span.full and _R_PY_M.search(span.text) is not None)
         if marked and resolves:
             problems.append(f"{where} is marked *(being built)* but exists now: remove the marker")
         elif not marked and not resolves:
@@ -444,7 +232,7 @@ def test_relative_links_point_at_pages(path):
     page = load(path)
     problems = []
     for i, line in enumerate(page.prose, 1):
-        for m in _R_LINK.finditer(_SPAN.sub("", line)):
+        for m in _R_LINK.finditer(SPAN.sub("", line)):
             target = m.group(1).split("#")[0]
             if not target or re.match(r"^[a-z]+:", target):
                 continue
@@ -512,7 +300,7 @@ def claim_rows(path: str) -> list[ClaimRow]:
             assert m, f"{path}:{line}: the first cell of a claims row must be a claim id, got {cells[0]!r}"
             test_cell = cells[-1]
             out.append(
-                ClaimRow(path, line, int(m.group(1)), _span_texts(test_cell), test_cell.lower().startswith("planned"))
+                ClaimRow(path, line, int(m.group(1)), span_texts(test_cell), test_cell.lower().startswith("planned"))
             )
     return out
 
@@ -527,7 +315,7 @@ def test_claims_cite_existing_tests(path):
     tabled = {r.claim for r in rows}
     cites = path in CHAPTERS or english_page(path) == "index.md"
     for i, line in enumerate(page.prose if cites else [], 1):
-        text = _R_CLAIM_RANGE.sub("", _SPAN.sub("", line))
+        text = _R_CLAIM_RANGE.sub("", SPAN.sub("", line))
         for m in _R_CLAIM_ID.finditer(text):
             n = int(m.group(1))
             if n not in CLAIMS:
@@ -580,84 +368,6 @@ def test_translations_keep_the_claims():
         if ours != theirs:
             problems.append(f"{path}: claims {sorted(ours ^ theirs)} differ from {english_page(path)}")
     assert not problems, "\n".join(problems)
-
-
-# ---------------------------------------------------------------------------------------
-# SGLang references and concordance tables
-# ---------------------------------------------------------------------------------------
-
-_R_SGLANG = re.compile(r"python/sglang/srt/([\w/]+\.py)(?::(\d+))?")
-_R_SGLANG_DIR = re.compile(r"^python/sglang/srt/([\w/]+)/$")
-
-
-@functools.lru_cache(maxsize=None)
-def sglang_index() -> dict[str, dict[int, set[str]]]:
-    """file -> {line: names}: definitions, the calls of the key methods, and the runner reads and calls listed."""
-    data = json.loads(SGLANG_INDEX.read_text(encoding="utf-8"))
-    files: dict[str, dict[int, set[str]]] = {}
-    for rel, entry in data["files"].items():
-        lines = files.setdefault(rel, {})
-        calls = [c for method in entry.get("calls", {}).values() for c in method]
-        facts = entry["defs"] + calls + entry.get("reads", []) + entry.get("forward_calls", [])
-        for line, name in facts:
-            lines.setdefault(line, set()).update({name, name.removeprefix("self.")})
-    return files
-
-
-@pytest.mark.parametrize("path", PAGES)
-def test_sglang_references_are_in_the_index(path):
-    index = sglang_index()
-    problems = []
-    for span in load(path).spans:
-        where = f"{path}:{span.line}: `{span.text}`"
-        m = _R_SGLANG_DIR.match(span.text)
-        if m and not any(f.startswith(m.group(1) + "/") for f in index):
-            problems.append(f"{where}: no indexed SGLang file under this folder")
-        for m in _R_SGLANG.finditer(span.text):
-            rel, line = m.group(1), m.group(2)
-            if rel not in index:
-                problems.append(f"{where}: {rel} is not in the SGLang index at 64bca53")
-            elif line and int(line) not in index[rel]:
-                problems.append(f"{where}: line {line} of {rel} is not a line the index lists")
-    assert not problems, "\n".join(problems)
-
-
-def concordance_tables(path: str):
-    for _, rows in load(path).tables():
-        header = rows[0][1]
-        if len(header) >= 2 and header[0] == "minisgl" and header[1].startswith("SGLang"):
-            yield rows[1:]
-
-
-@pytest.mark.parametrize("path", CHAPTERS)
-def test_chapter_concordance_rows(path):
-    index = sglang_index()
-    tables = list(concordance_tables(path))
-    assert tables, f"{path} has no concordance table (| minisgl | SGLang at 64bca53 | ... |)"
-    problems = []
-    for rows in tables:
-        for line, cells in rows:
-            where = f"{path}:{line}"
-            minisgl = [t for t in _span_texts(cells[0]) if t.startswith("minisgl/")]
-            if not minisgl:
-                problems.append(f"{where}: the minisgl cell names no minisgl/ file")
-            spans = _span_texts(cells[1])
-            refs = [s for s in spans if _R_SGLANG.fullmatch(s) and ":" in s]
-            if len(refs) != 1:
-                problems.append(f"{where}: the SGLang cell needs exactly one `python/sglang/srt/<file>:<line>`")
-                continue
-            rel, lineno = _R_SGLANG.fullmatch(refs[0]).groups()
-            names = index.get(rel, {}).get(int(lineno), set())
-            for symbol in [s for s in spans if s != refs[0]]:
-                if names and symbol not in names:
-                    problems.append(f"{where}: the index has {sorted(names)} at {rel}:{lineno}, not {symbol!r}")
-    assert not problems, "\n".join(problems)
-
-
-def test_concordance_page_is_generated():
-    text = (DOCS / "concordance.md").read_text(encoding="utf-8")
-    assert "<!-- concordance:generated -->" in text, "concordance.md lost the marker the mkdocs hook fills"
-    assert not list(concordance_tables("concordance.md")), "concordance.md must not hold tables by hand"
 
 
 def test_every_chapter_is_in_the_nav():

@@ -21,7 +21,7 @@ import re
 import pytest
 from markdown.extensions.toc import slugify
 
-from tests.test_docs import DOCS, PAGES, english_page, load
+from tests.docs_markdown import DOCS, PAGES, english_page, load
 
 # (page, anchor): sections about one edition's own language, with everything under them.
 ONE_EDITION = {("glossary.zh.md", "chinese-only-terms")}
