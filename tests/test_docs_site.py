@@ -4,7 +4,8 @@ The site has two editions (mkdocs-static-i18n): English at /, Chinese at /zh/, w
 with no `page.zh.md` yet is shown in English. The build runs offline into a temporary
 folder. The browser test serves that folder on a free 127.0.0.1 port, drives Debian's
 headless `chromium` over the Chrome DevTools protocol (a small client on
-`websocket-client`), and for every page in the nav, in both editions, checks that:
+`websocket-client`, in tests/docs_browser.py), and for every page in the nav, in both editions,
+checks that:
 
 - the page was served (HTTP 200) in its edition's language (`<html lang>`), and a page of the
   Chinese edition shows Chinese: its nav always, its text where the page is translated;
@@ -28,30 +29,24 @@ import http.server
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.docs_browser import (
+    QuietHandler,
+    devtools_session,
+    document_status,
+    find_chromium,
+    page_problems,
+    screenshot,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOT = REPO / "artifacts" / "docs" / "model_runner.png"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-    "--remote-debugging-port=0",
-    "--window-size=1280,1600",
-]
 
 # The public classes the API reference must document.
 API_CLASSES = [
@@ -182,26 +177,13 @@ def check_links(site: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The browser
+# The browser (tests/docs_browser.py)
 # ---------------------------------------------------------------------------------------
-
-
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -209,82 +191,14 @@ def server(site):
     httpd.server_close()
 
 
-class DevTools:
-    """Just enough of the Chrome DevTools protocol: commands, and the events seen meanwhile."""
-
-    def __init__(self, ws_url: str) -> None:
-        import websocket
-
-        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
-        self.next_id = 0
-        self.events: list[dict] = []
-
-    def call(self, method: str, **params) -> dict:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == self.next_id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-            if "method" in msg:
-                self.events.append(msg)
-
-    def wait_for(self, method: str, timeout: float = 30) -> None:
-        deadline = time.time() + timeout
-        while not any(e["method"] == method for e in self.events):
-            self.ws.settimeout(max(0.1, deadline - time.time()))
-            msg = json.loads(self.ws.recv())
-            if "method" in msg:
-                self.events.append(msg)
-            if time.time() > deadline:
-                raise TimeoutError(method)
-        self.ws.settimeout(60)
-
-    def evaluate(self, expression: str):
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        return result["result"].get("value")
-
-    def close(self) -> None:
-        self.ws.close()
-
-
 @pytest.fixture(scope="module")
 def browser():
-    exe = _chromium()
+    exe = find_chromium()
     if exe is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium); the browser checks need it")
     pytest.importorskip("websocket", reason="websocket-client is not installed (pip install websocket-client)")
-    profile = tempfile.mkdtemp(prefix="minisgl-docs-chromium-")
-    proc = subprocess.Popen(
-        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        port_file = Path(profile) / "DevToolsActivePort"
-        deadline = time.time() + 60
-        while not (port_file.is_file() and port_file.read_text().strip()):
-            assert proc.poll() is None, f"chromium exited with {proc.returncode}"
-            assert time.time() < deadline, "chromium did not open its DevTools port"
-            time.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
-            targets = [t for t in json.load(r) if t.get("type") == "page"]
-        tools = DevTools(targets[0]["webSocketDebuggerUrl"])
-        for domain in ("Page", "Runtime", "Log", "Network", "DOM", "CSS"):
-            tools.call(f"{domain}.enable")
+    with devtools_session(exe) as tools:
         yield tools
-        tools.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 _DIAGRAMS = """
@@ -302,48 +216,6 @@ _DIAGRAMS = """
 """
 
 
-def _problems(tools: DevTools, base: str) -> list[str]:
-    out = []
-    for e in tools.events:
-        method, p = e["method"], e.get("params", {})
-        if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-            text = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
-            out.append(f"console.{p['type']}: {text}")
-        elif method == "Runtime.exceptionThrown":
-            details = p.get("exceptionDetails", {})
-            out.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
-        elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-            if p["entry"].get("url", "").endswith("/sitemap.xml"):
-                # Material's language switcher looks for a sitemap.xml beside each alternate page
-                # (<link rel=alternate>) to keep the reader on the same page; where there is none it
-                # just follows the link, so the miss is no fault of the page.
-                continue
-            out.append(f"log error: {p['entry'].get('text')} {p['entry'].get('url', '')}")
-        elif method == "Network.requestWillBeSent":
-            url = p.get("request", {}).get("url", "")
-            if not url.startswith((base, "data:", "blob:", "about:")):
-                out.append(f"external request: {url}")
-    return out
-
-
-def _document_status(tools: DevTools) -> int | None:
-    for e in tools.events:
-        p = e.get("params", {})
-        if e["method"] == "Network.responseReceived" and p.get("type") == "Document":
-            return p["response"]["status"]
-    return None
-
-
-def _screenshot(tools: DevTools, path: Path, bottom_js: str) -> None:
-    import base64
-
-    bottom = tools.evaluate(bottom_js)
-    clip = {"x": 0, "y": 0, "width": 1280, "height": min(int(bottom), 4000), "scale": 1}
-    shot = tools.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(base64.b64decode(shot["data"]))
-
-
 def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
     pages = nav_pages()
     problems = []
@@ -353,7 +225,7 @@ def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
             browser.events.clear()
             browser.call("Page.navigate", url=page_url(server, md, locale))
             browser.wait_for("Page.loadEventFired")
-            status = _document_status(browser)
+            status = document_status(browser)
             if status != 200:
                 problems.append(f"{where}: HTTP {status}")
                 continue
@@ -384,11 +256,11 @@ def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
             for i, s in enumerate(states):
                 if not s["svg"] or s["error"]:
                     problems.append(f"{where}: diagram {i + 1} did not render ({s})")
-            problems += [f"{where}: {p}" for p in _problems(browser, server)]
+            problems += [f"{where}: {p}" for p in page_problems(browser, server)]
             if locale == "en" and md == "chapters/model-runner.md":
                 assert states, "the ModelRunner chapter should show its reading-order diagram"
                 # From the top of the page to the bottom of the reading-order diagram.
-                _screenshot(
+                screenshot(
                     browser,
                     SCREENSHOT,
                     "Math.ceil(document.querySelector('div.mermaid').getBoundingClientRect().bottom"
@@ -450,7 +322,7 @@ def test_chinese_renders_as_glyphs(server, browser, tmp_path_factory):
     assert glyphs["distinct"] == len(_SAMPLE), f"characters share one picture (missing glyphs): {glyphs}"
 
     shot = tmp_path_factory.mktemp("zh") / "glossary_zh.png"
-    _screenshot(browser, shot, "Math.ceil(document.querySelector('article table').getBoundingClientRect().bottom + 24)")
+    screenshot(browser, shot, "Math.ceil(document.querySelector('article table').getBoundingClientRect().bottom + 24)")
     print(f"screenshot of the Chinese glossary: {shot}")
     assert shot.stat().st_size > 10_000
 
