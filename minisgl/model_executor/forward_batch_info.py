@@ -125,11 +125,6 @@ class ForwardBatch:
             token_to_kv_pool=model_runner.token_to_kv_pool,
             attn_backend=model_runner.attn_backend,
         )
-        tree_positions = getattr(batch.spec_info, "positions", None)  # a draft or verify tree: a node's depth
-        if tree_positions is not None:
-            fb.positions = tree_positions.to(device)
-        elif fb.forward_mode.is_decode():
-            fb.positions = seq_lens - 1
         if not fb.forward_mode.is_decode():
             fb.extend_seq_lens_cpu = list(batch.extend_seq_lens)
             fb.extend_prefix_lens_cpu = list(batch.extend_prefix_lens)
@@ -138,8 +133,13 @@ class ForwardBatch:
             fb.extend_seq_lens = torch.tensor(batch.extend_seq_lens, dtype=torch.int64, device=device)
             fb.extend_prefix_lens = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64, device=device)
             fb.extend_start_loc = torch.cumsum(fb.extend_seq_lens, dim=0) - fb.extend_seq_lens
-            if tree_positions is None:  # three small ops per forward, which an EAGLE round runs four times
-                fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
+        tree_positions = getattr(batch.spec_info, "positions", None)
+        if tree_positions is not None:  # a draft or verify tree: a node's depth, not its place in the row
+            fb.positions = tree_positions.to(device)
+        elif fb.forward_mode.is_decode():
+            fb.positions = seq_lens - 1
+        else:
+            fb.positions = compute_position(fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_num_tokens)
         return fb
 
 

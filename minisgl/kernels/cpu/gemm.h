@@ -72,11 +72,11 @@ __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, cons
 
 // Up to this many rows a tile prefetches the next panel. One or two rows wait on the weights alone,
 // and the prefetch hides the next panel's DRAM latency. With more, the measurements below say the
-// requests only got in the way; the likely reason, not checked with counters, is that the FMAs then
-// leave the hardware prefetcher time to keep up on its own. SmolLM2's 120 float32 GEMMs, weights from DRAM, with
-// and without, alternated in one process on an AVX-512 AMD EPYC: 1 row 6-10% faster with it, 2 rows
-// from 2% slower to 4% faster; without it, 3 rows 8% faster, 4 rows 0-9%, 6 and 8 rows 9-20%, 12
-// rows 11%, 32 and 128 rows within 1%.
+// requests only got in the way; the likely reason, not checked with counters, is that the FMAs
+// then leave the hardware prefetcher time to keep up on its own. SmolLM2's 120 float32 GEMMs,
+// weights from DRAM, with and without, alternated in one process on an AVX-512 AMD EPYC: 1 row
+// 6-10% faster with it, 2 rows from 2% slower to 4% faster; without it, 3 rows 8% faster, 4 rows
+// 0-9%, 6 and 8 rows 9-20%, 12 rows 11%, 32 and 128 rows within 1%.
 constexpr int64_t PREFETCH_ROWS = 2;
 
 // C[rows, BLOCK_N] = A[rows, K] times one panel + bias, in tiles of nearly equal height (64 rows
