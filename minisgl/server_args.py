@@ -271,12 +271,6 @@ class ServerArgs:
                     "speculative_eagle_topk > 1 verifies a tree with a custom attention mask, which the "
                     "triton backend lacks; use attention_backend torch_native or intel_amx"
                 )
-        if self.enable_torch_compile:
-            # Both runners would build a CPUGraphRunner and never replay it: compiling silently ignored.
-            raise ValueError(
-                "enable_torch_compile with EAGLE: CPUGraphRunner compiles plain decode, which an EAGLE round "
-                "never runs (its forwards are draft extends and a target verify)"
-            )
         if self.speculative_token_map is not None and self.speculative_algorithm == "EAGLE3":
             raise ValueError("speculative_token_map is EAGLE's; an EAGLE3 head carries its own map (d2t)")
         if self.speculative_token_map is not None and self.tp_size > 1:

@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from minisgl.entrypoints.engine import Engine
+from minisgl.kernels.cpu import can_build
 from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from minisgl.model_executor.forward_batch_info import ForwardMode
 from minisgl.server_args import ServerArgs
 from minisgl.speculative.eagle_utils import accept_walk, build_tree_kernel_efficient
 from minisgl.speculative.eagle_worker import EAGLEWorker
@@ -290,11 +292,21 @@ def test_eagle_refuses_a_head_that_does_not_fit(tmp_path_factory, tmp_path):
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (5, 4, 8)
 
 
-def test_eagle_refuses_torch_compile(tmp_path_factory):
-    """CPUGraphRunner compiles plain decode, which an EAGLE round never runs: refused, not ignored."""
-    head = _head("llama", "EAGLE", tmp_path_factory)
-    with pytest.raises(ValueError, match="enable_torch_compile with EAGLE"):
-        _eagle("llama", "EAGLE", head, CHAIN, attention_backend="intel_amx", enable_torch_compile=True)
+@pytest.mark.slow
+@pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs minisgl's C++ CPU kernels")
+@pytest.mark.parametrize("arch,algorithm,shape", [("llama", "EAGLE", TREE), ("qwen3", "EAGLE3", CHAIN)])
+def test_eagle_compiled_verify_is_the_target(arch, algorithm, shape, tmp_path_factory):
+    """enable_torch_compile: the target's verify runs compiled (CPUGraphRunner in TARGET_VERIFY,
+    graph_runner.py), three requests padded to a bucket of four, the tree's mask in its static
+    buffer; the oracle's runs are accepted, the output is the target's, every slot comes back."""
+    compile_ = dict(enable_torch_compile=True, torch_compile_max_bs=4)
+    engine, _ = _check(
+        arch, algorithm, shape, tmp_path_factory, disable_radix_cache=True, attention_backend="intel_amx", **compile_
+    )
+    runner = engine.scheduler.tp_worker.model_runner.graph_runner
+    assert runner.capture_forward_mode == ForwardMode.TARGET_VERIFY and 4 in runner.compile_seconds
+    assert (runner.custom_mask is not None) == (shape is TREE)
+    assert engine.scheduler.draft_worker.model_runner.graph_runner is None  # SGLang's draft graphs: omitted
 
 
 def test_eagle_golden_trace_matches():

@@ -58,6 +58,45 @@ def test_buckets_and_padding():
     )
 
 
+def test_verify_buffers_and_padding():
+    """An EAGLE target's verify: n tokens a request, the tree's mask copied to the front of a buffer
+    sized for the longest rows; a padding request is n tokens without a prefix in the dummy slot 0,
+    seeing each other causally, its mask right after the real ones."""
+    pool = types.SimpleNamespace(size=8, req_to_token=torch.zeros(8, 16, dtype=torch.int32))
+    model_runner = types.SimpleNamespace(device="cpu", req_to_token_pool=pool, token_to_kv_pool=None, attn_backend=None)
+    runner = _Runner(model_runner, 4, num_tokens_per_bs=2, tree_mask=True)
+    assert runner.capture_forward_mode == ForwardMode.TARGET_VERIFY and runner.custom_mask.numel() == 4 * 2 * 16
+    # Three requests with a prefix of one and two sibling nodes: each [2, 3] block sees the prefix and itself.
+    mask = torch.tensor([1, 1, 0, 1, 0, 1] * 3, dtype=torch.bool)
+    batch = types.SimpleNamespace(
+        batch_size=3,
+        input_ids=torch.arange(6),
+        req_pool_indices=torch.tensor([3, 1, 2]),
+        seq_lens=torch.tensor([3, 3, 3]),
+        out_cache_loc=torch.arange(20, 26),
+        positions=torch.tensor([1, 2] * 3),
+        spec_info=types.SimpleNamespace(custom_mask=mask),
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        return_logprob=False,
+    )
+    runner.custom_mask.fill_(True)
+    runner.out_cache_loc.fill_(99)  # left over from an earlier, larger batch
+    assert runner.load_inputs(batch) == 4
+    assert runner.seq_lens.tolist() == [3, 3, 3, 2]
+    assert runner.out_cache_loc.tolist() == [20, 21, 22, 23, 24, 25, 0, 0]
+    assert runner.positions.tolist() == [1, 2, 1, 2, 1, 2, 0, 0]
+    assert runner.req_pool_indices.tolist() == [3, 1, 2, 0]
+    assert runner.custom_mask[:18].tolist() == mask.tolist()
+    assert runner.custom_mask[18:22].tolist() == [True, False, True, True]
+    assert runner.can_run(batch)
+    assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "return_logprob": True}))
+    assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "forward_mode": ForwardMode.DECODE}))
+    static = runner.static_batch(4)
+    assert static.forward_mode == ForwardMode.TARGET_VERIFY and static.spec_info.custom_mask is runner.custom_mask
+    assert static.extend_start_loc.tolist() == [0, 2, 4, 6] and static.input_ids.numel() == 8
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs minisgl's C++ CPU kernels (intel_amx backend)")
 def test_compiled_decode_equals_eager(tiny_llama):

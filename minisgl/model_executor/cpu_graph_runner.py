@@ -7,7 +7,8 @@ of small ops, each dispatched from Python. torch.compile (inductor) traces the w
 forward once per batch size and replaces it by one generated C++ function with the
 elementwise ops fused; minisgl's own C++ kernels (torch.ops.minisgl_kernel.*) stay
 calls, which inductor can trace only through the "fake" (meta) implementations
-registered here: shape and dtype, no work.
+registered here: shape and dtype, no work. A speculating target compiles its verify
+instead of decode, as SGLang's CudaGraphRunner captures TARGET_VERIFY (graph_runner.py).
 
 Differences from SGLang: SGLang compiles every batch size 1..16 when the server
 starts and runs only those sizes; minisgl pads a batch up to the next bucket of
@@ -68,6 +69,10 @@ def register_fake_ops() -> None:
 
     @torch.library.register_fake(ops + "decode_attention_cpu")
     def _(q, o, k_buffer, v_buffer, key, value, loc, req_to_token, req_pool_indices, seq_lens, scale):
+        return None  # writes o and the KV buffers in place
+
+    @torch.library.register_fake(ops + "extend_attention_cpu")  # an EAGLE target's verify
+    def _(q, o, k_buffer, v_buffer, key, value, loc, req_to_token, req_pool_indices, seq_lens, *extend_args):
         return None  # writes o and the KV buffers in place
 
     @torch.library.register_fake(ops + "weight_packed_linear")
@@ -131,7 +136,16 @@ class CPUGraphRunner(GraphRunner):
     """Mirrors CPUGraphRunner in cpu_graph_runner.py; see the module docstring for the differences."""
 
     def __init__(self, model_runner: "ModelRunner") -> None:
-        super().__init__(model_runner, model_runner.server_args.torch_compile_max_bs)
+        args = model_runner.server_args
+        # A speculating target compiles its verify (graph_runner.py); STANDALONE's draft model
+        # compiles its decode steps, and an EAGLE head builds no runner (ModelRunner.init_cpu_graph).
+        target = args.speculative_algorithm is not None and not model_runner.is_draft_worker
+        super().__init__(
+            model_runner,
+            args.torch_compile_max_bs,
+            num_tokens_per_bs=args.speculative_num_draft_tokens if target else 1,
+            tree_mask=target and args.speculative_eagle_topk > 1,
+        )
         register_fake_ops()
         set_torch_compile_config(len(self.capture_bs), model_runner.tp_size)
         self.compile_seconds: dict[int, float] = {}  # bucket -> time its first (compiling) replay took
@@ -148,7 +162,9 @@ class CPUGraphRunner(GraphRunner):
 
         def forward(input_ids, positions, forward_batch):
             with torch.no_grad():
-                return model.forward(input_ids, positions, forward_batch).next_token_logits
+                out = model.forward(input_ids, positions, forward_batch)
+            # A verify's draft extend reads every row's hidden state too.
+            return out.next_token_logits, out.hidden_states
 
         # A code object of this runner's own: dynamo keeps compiled graphs, and counts recompiles
         # against cache_size_limit, per code object, so a second runner in the process (a test, a
@@ -180,7 +196,7 @@ class CPUGraphRunner(GraphRunner):
     def _persistent_storages(self) -> set[int]:
         """Storages that live as long as the runner: the model's tensors, the static buffers, the pools."""
         runner = self.model_runner
-        tensors = [self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc, self.positions]
+        tensors = self.static_buffers()
         for module in runner.model.modules():  # parameters, buffers and plain tensor attributes
             tensors += [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             tensors += _tensors_in(vars(module))
@@ -193,15 +209,19 @@ class CPUGraphRunner(GraphRunner):
 
         After its first run a bucket's graph is called directly, with the tensors it was traced on:
         dynamo is not asked again, so neither its guards nor its Python around the graph run."""
-        raw_bs = forward_batch.batch_size
+        rows = forward_batch.batch_size * self.num_tokens_per_bs
         bs = self.load_inputs(forward_batch)
         if bs in self.graphs:
             compiled, inputs = self.graphs[bs]
-            (logits,) = compiled(*inputs)
+            outputs = compiled(*inputs)
         else:
             static = self.batches[bs]
             start, self._compiling_bs = time.perf_counter(), bs
-            logits = self.compiled_forward(static.input_ids, static.positions, static)
+            outputs = self.compiled_forward(static.input_ids, static.positions, static)
             self.compile_seconds[bs] = time.perf_counter() - start
-            logger.info("compiled the decode forward for batch size %d in %.1f s", bs, self.compile_seconds[bs])
-        return LogitsProcessorOutput(next_token_logits=logits[:raw_bs])
+            mode = self.capture_forward_mode.name.lower()
+            logger.info("compiled the %s forward for batch size %d in %.1f s", mode, bs, self.compile_seconds[bs])
+        logits, hidden = outputs if len(outputs) == 2 else (outputs[0], None)  # a graph returns no None
+        return LogitsProcessorOutput(
+            next_token_logits=logits[:rows], hidden_states=None if hidden is None else hidden[:rows]
+        )

@@ -24,8 +24,9 @@ draft (DRAFT_EXTEND) over the same tokens and slots.
 
 A round's logprobs are read off the verify's logits (spec_utils.attach_verified_logprobs).
 SGLang also drafts trees (topk > 1; minisgl's EAGLEWorker does), drives EAGLE drafts with
-the target's hidden states, captures CUDA graphs for draft and verify, overlaps
-scheduling, and keeps penalties and grammars under speculation; omitted.
+the target's hidden states, captures CUDA graphs for draft and verify (minisgl's CPU
+graph runner compiles both: model_executor/graph_runner.py), overlaps scheduling, and
+keeps penalties and grammars under speculation; omitted.
 """
 
 from __future__ import annotations

@@ -193,7 +193,10 @@ def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_di
     o = torch.empty(sum(extend_lens), 9, head_dim, dtype=dtype)
     args = [c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"], c["req_pool_indices"]]
     lens = [c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125]
-    ops.extend_attention_cpu(*args, *lens, torch.cat([m.flatten() for m in masks]))
+    # Random entries past the last request's block, as in a compiled verify's static buffer: not read.
+    ops.extend_attention_cpu(
+        *args, *lens, torch.cat([m.flatten() for m in masks] + [torch.rand(50, generator=g) > 0.5])
+    )
     expected, start = [], 0
     for slots, ext, mask in zip(c["slots"], extend_lens, masks):
         q = c["q"][start : start + ext].double().transpose(0, 1)

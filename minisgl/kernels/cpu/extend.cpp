@@ -39,7 +39,8 @@ TreeMask tree_mask(const at::Tensor& custom_mask, const at::Tensor& loc, const a
     mask_size += ext_lens[b] * lens[b];
     slot_size += lens[b];
   }
-  TORCH_CHECK(custom_mask.numel() == mask_size,
+  // Longer is allowed: a compiled verify's mask is a static buffer sized for the longest rows.
+  TORCH_CHECK(custom_mask.numel() >= mask_size,
               "extend_attention_cpu: custom_mask must hold extend_len x seq_len entries per request");
   t.slots.resize(slot_size);
   for (int64_t b = 0; b < bs; ++b) {
@@ -62,7 +63,8 @@ TreeMask tree_mask(const at::Tensor& custom_mask, const at::Tensor& loc, const a
 // say where each request's run starts and how long it is; seq_lens include the new tokens.
 //
 // custom_mask (optional, bool): per request a row-major [extend_len, seq_len] block, back to back,
-// true where a new token may see a key (SGLang's layout, with mask_indptr implied by the lengths).
+// true where a new token may see a key (SGLang's layout, with mask_indptr implied by the lengths);
+// entries past the last block are not read.
 // It may only narrow the causal mask: a token sees itself and no later token, which holds for
 // EAGLE's trees because build_tree_kernel_efficient puts every node after its ancestors. With a
 // mask the new tokens' keys are read from `loc`, not req_to_token: EAGLE's draft steps run a
