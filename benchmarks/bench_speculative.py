@@ -5,6 +5,7 @@
     python benchmarks/bench_speculative.py --eagle-head DIR --eagle3-head DIR3    # heads trained earlier
     python benchmarks/bench_speculative.py --algorithms EAGLE --batch-size 1 --eagle-topk 1 4 \
         --num-draft-tokens 8 16 --rounds 3      # chain and two trees, every configuration run in turn 3 times
+    python benchmarks/bench_speculative.py --algorithms EAGLE --batch-size 1 --enable-torch-compile
 
 Drafts:
 - STANDALONE: the target itself cut to its first --draft-layers layers
@@ -37,6 +38,9 @@ length exceeds (verify + k drafts) in target steps. A cut of d layers costs abou
 (d + LM head) / (L + LM head) of a target step per draft; an EAGLE head one layer plus a
 reduced LM head, a few percent. Large batches are compute-bound, where verifying rejected
 drafts is pure waste. Wall-clock numbers move with the host; compare ratios within one run.
+--enable-torch-compile runs every configuration, plain decoding included, with CPUGraphRunner:
+plain decode steps, a target's verify and STANDALONE's draft steps compiled (an EAGLE head's
+forwards stay eager); each batch size's buckets compile in the warm-up, outside the timing.
 --rounds N runs plain decoding and every configuration once per round, in turn, N times,
 and shows each row's fastest run: a shared host that slows down for a minute then slows
 every configuration's worst run, not one configuration's only run.
@@ -112,9 +116,15 @@ def phase_timer(timings: dict):
 
 def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: int, **engine_kwargs) -> dict:
     from minisgl.entrypoints.engine import Engine
+    from minisgl.model_executor.graph_runner import get_batch_sizes_to_capture
 
     engine = Engine(model_path=model_path, **engine_kwargs)
-    engine.generate(prompts[0], {"max_new_tokens": 2})  # warm up
+    # Warm up; with compile, every bucket a batch of batch_size can shrink to (requests of a
+    # speculative batch finish in different rounds), so no compile falls inside the timing.
+    compiled = engine_kwargs.get("enable_torch_compile")
+    warm_up = get_batch_sizes_to_capture(batch_size) if compiled else [1]
+    for n in warm_up:
+        engine.generate(prompts[:n], {"max_new_tokens": 4})
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     outputs = []
     with phase_timer({}) as timings:
@@ -209,6 +219,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1, help="runs of every configuration, in turn; the best is shown")
+    parser.add_argument("--enable-torch-compile", action="store_true", help="CPUGraphRunner in every configuration")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -228,6 +239,8 @@ def main() -> None:
         configs = [("none (plain decode)", {})] + configurations(args, model_path, workdir)
         for dtype in args.dtype:
             common = dict(dtype=dtype, max_total_tokens=16384, disable_radix_cache=True)
+            if args.enable_torch_compile:
+                common.update(enable_torch_compile=True, torch_compile_max_bs=max(args.batch_size))
             for bs in args.batch_size:
                 best: dict[str, dict] = {}
                 for _ in range(args.rounds):  # every configuration once per round, so all see the same machine
