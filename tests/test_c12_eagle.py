@@ -332,10 +332,15 @@ def test_eagle_round_is_draft_verify_draft_extend():
 
 
 @pytest.mark.slow
-def test_eagle_tensor_parallel(tmp_path_factory):
+@pytest.mark.parametrize(
+    "extra", [{}, dict(attention_backend="intel_amx", enable_torch_compile=True)], ids=["eager", "compiled-verify"]
+)
+def test_eagle_tensor_parallel(extra, tmp_path_factory):
+    if extra and not can_build():
+        pytest.skip("CPUGraphRunner needs minisgl's C++ CPU kernels")
     arch, head = "qwen3", _head("qwen3", "EAGLE3", tmp_path_factory)
     expected = _plain(arch)
-    with _eagle(arch, "EAGLE3", head, TREE, tp_size=2) as engine:
+    with _eagle(arch, "EAGLE3", head, TREE, tp_size=2, **extra) as engine:
         got = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         assert engine.flush_cache()
         assert engine.get_server_info()["available_kv_tokens"] == 512
