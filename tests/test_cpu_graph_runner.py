@@ -79,6 +79,7 @@ def test_verify_buffers_and_padding():
         forward_mode=ForwardMode.TARGET_VERIFY,
         capture_hidden_mode=CaptureHiddenMode.FULL,
         return_logprob=False,
+        extend_num_tokens=6,
     )
     runner.custom_mask.fill_(True)
     runner.out_cache_loc.fill_(99)  # left over from an earlier, larger batch
@@ -91,6 +92,7 @@ def test_verify_buffers_and_padding():
     assert runner.custom_mask[18:22].tolist() == [True, False, True, True]
     assert runner.can_run(batch)
     assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "return_logprob": True}))
+    assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "extend_num_tokens": 5}))
     assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "forward_mode": ForwardMode.DECODE}))
     static = runner.static_batch(4)
     assert static.forward_mode == ForwardMode.TARGET_VERIFY and static.spec_info.custom_mask is runner.custom_mask

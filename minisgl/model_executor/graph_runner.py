@@ -8,12 +8,12 @@ the part both runners share: static input buffers, padded up to a captured batch
 size, and a ForwardBatch view of them. Padding rows read and write only the pool's
 dummy slot 0.
 
-As in SGLang's CudaGraphRunner, an EAGLE target captures its verify instead of decode
-(``capture_forward_mode`` TARGET_VERIFY, ``num_tokens_per_bs`` the draft tokens): an EAGLE
-round never runs a plain decode. A verify graph also returns every row's hidden state,
-which the draft extend reads, and a tree's mask goes in a static buffer sized for the
-longest rows, of which the kernel reads each round's part (SGLang's triton backend keeps
-``cuda_graph_custom_mask`` the same way).
+As in SGLang's CudaGraphRunner, a speculating target (EAGLE, EAGLE3, STANDALONE) captures
+its verify instead of decode (``capture_forward_mode`` TARGET_VERIFY, ``num_tokens_per_bs``
+the draft tokens): a speculative round never runs a plain decode of the target. A verify
+graph also returns every row's hidden state, which EAGLE's draft extend reads, and a tree's
+mask goes in a static buffer sized for the longest rows, of which the kernel reads each
+round's part (SGLang's triton backend keeps ``cuda_graph_custom_mask`` the same way).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class GraphRunner(abc.ABC):
     def __init__(
         self, model_runner: "ModelRunner", max_bs: int, num_tokens_per_bs: int = 1, tree_mask: bool = False
     ) -> None:
-        """num_tokens_per_bs > 1 captures an EAGLE target's verify of that many tokens a request,
-        with a custom mask if tree_mask (a tree; a chain's mask is the causal one)."""
+        """num_tokens_per_bs > 1 captures a target's verify of that many tokens a request, with
+        a custom mask if tree_mask (an EAGLE tree; a chain's mask is the causal one)."""
         self.model_runner = model_runner
         self.device = model_runner.device
         self.capture_bs = get_batch_sizes_to_capture(min(max_bs, model_runner.req_to_token_pool.size))
@@ -77,9 +77,11 @@ class GraphRunner(abc.ABC):
             return False
         if self.num_tokens_per_bs == 1:
             return not forward_batch.capture_hidden_mode.need_capture()
-        # A verify graph returns every row's logits and hidden state, not the prompt logprobs that
-        # LogitsProcessor computes in Python: a batch that asks for them runs eagerly.
-        return not forward_batch.return_logprob
+        # A verify graph takes n tokens from every request, and returns every row's logits and
+        # hidden state, not the prompt logprobs that LogitsProcessor computes in Python: a batch
+        # that asks for them runs eagerly.
+        n = self.num_tokens_per_bs
+        return forward_batch.extend_num_tokens == forward_batch.batch_size * n and not forward_batch.return_logprob
 
     @abc.abstractmethod
     def capture(self) -> None: ...
