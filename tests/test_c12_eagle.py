@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+from minisgl import tracing
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import can_build
 from minisgl.layers.attention.intel_amx_backend import IntelAMXAttnBackend
@@ -307,6 +308,15 @@ def test_eagle_compiled_verify_is_the_target(arch, algorithm, shape, tmp_path_fa
     assert runner.capture_forward_mode == ForwardMode.TARGET_VERIFY and 4 in runner.compile_seconds
     assert (runner.custom_mask is not None) == (shape is TREE)
     assert engine.scheduler.draft_worker.model_runner.graph_runner is None  # SGLang's draft graphs: omitted
+    # The trace names each forward's path: every verify replays the graph, every draft forward is eager.
+    with tracing.record() as events:
+        engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    modes = [e["forward_mode"] for e in events if e["event"] == "ModelRunner.forward" and e["phase"] == "begin"]
+    branches = [e["branch"] for e in events if e["event"] == "ModelRunner.forward.dispatch"]
+    assert {(m, b) for m, b in zip(modes, branches) if m != "EXTEND"} == {
+        ("TARGET_VERIFY", "graph_replay"),
+        ("DRAFT_EXTEND", "extend"),
+    }
 
 
 def test_eagle_golden_trace_matches():
