@@ -1,6 +1,7 @@
 """C6: forward() bumps forward_pass_id, opens the recorder's pass, dispatches on ForwardMode,
 and attn_backend.init_forward_metadata runs before model.forward.
-C7: sample() runs _preprocess_logits, then the Sampler.
+C7: sample() runs _preprocess_logits, then the Sampler; with a grammar, the vocab mask is built and
+applied inside _preprocess_logits (traces/sampling_vocab_mask.jsonl).
 C8: forward_batch_generation is ForwardBatch.init_new -> forward -> sample; a verify forward stops before sampling.
 Checked against traces/model_runner_forward_sample.jsonl."""
 
@@ -86,3 +87,22 @@ def test_c8_verify_returns_unsampled(tiny_llama):
     assert result.next_token_ids is None and result.logits_output.next_token_logits.shape[0] == 1
     assert "ModelRunner.sample" not in [e["event"] for e in events]
     assert torch.isfinite(result.logits_output.next_token_logits).all()
+
+
+def test_c7_golden_trace_of_the_mask_path():
+    fresh, golden = fresh_and_golden("sampling_vocab_mask")
+    assert fresh == golden, "vocab-mask trace changed: review, then python -m minisgl.tools.refresh_traces"
+
+
+def test_c7_mask_is_built_and_applied_in_preprocess_logits_before_the_sampler():
+    fresh, _ = fresh_and_golden("sampling_vocab_mask")
+    samples = children(fresh, "ModelRunner.sample")
+    assert len(samples) == 2  # the prefill, then one decode (max_new_tokens=2)
+    for inside in samples:
+        assert top_level_spans(inside) == ["ModelRunner._preprocess_logits", "Sampler.forward"]
+        (pre,) = children(inside, "ModelRunner._preprocess_logits")
+        assert top_level_spans(pre) == ["SamplingBatchInfo.update_regex_vocab_mask", "XGrammarGrammar.apply_vocab_mask"]
+        # One constrained request and one free one share the batch, and one mask.
+        assert pre[0]["batch_size"] == 2 and pre[0]["num_grammars"] == 1
+    # The request waited in the grammar queue and was admitted before the first batch ran.
+    assert fresh[0]["event"] == "GrammarManager.get_ready_grammar_requests" and fresh[0]["num_ready"] == 1

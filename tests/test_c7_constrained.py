@@ -6,8 +6,8 @@ EBNF output parses (Python's own parser, for an arithmetic grammar); free reques
 with constrained ones give exactly their solo greedy outputs; bad grammars are a ValueError
 from the Engine and a 400 from the server, which goes on serving; the KV pool is whole after.
 The tiny Llama covers the scheduler's edges: a grammar that fails to compile, an abort while
-compiling, retraction, speculative decoding. traces/sampling_vocab_mask.jsonl shows the mask
-applied inside _preprocess_logits, before the Sampler (C7).
+compiling, retraction, speculative decoding. Where the mask is applied (C7, a golden trace) is
+test_c6_c7_c8_forward_sample.py's.
 """
 
 import ast
@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from minisgl.entrypoints.engine import Engine
-from tests._traces import children, fresh_and_golden, top_level_spans
 
 GREEDY = {"temperature": 0}
 
@@ -387,25 +386,3 @@ def test_vocab_mask_kernel_matches_plain_torch(tiny_engine):
     assert torch.equal(ours, logits.masked_fill(~allowed, float("-inf")))
     assert torch.equal(ours[1], logits[1])  # a free row is untouched
     assert 0 < torch.isfinite(ours[0]).sum() < vocab
-
-
-# ---- C7: the mask path, as a trace ------------------------------------------------------------
-
-
-def test_c7_golden_trace_of_the_mask_path():
-    fresh, golden = fresh_and_golden("sampling_vocab_mask")
-    assert fresh == golden, "vocab-mask trace changed: review, then python -m minisgl.tools.refresh_traces"
-
-
-def test_c7_mask_is_built_and_applied_in_preprocess_logits_before_the_sampler():
-    fresh, _ = fresh_and_golden("sampling_vocab_mask")
-    samples = children(fresh, "ModelRunner.sample")
-    assert len(samples) == 2  # the prefill, then one decode (max_new_tokens=2)
-    for inside in samples:
-        assert top_level_spans(inside) == ["ModelRunner._preprocess_logits", "Sampler.forward"]
-        (pre,) = children(inside, "ModelRunner._preprocess_logits")
-        assert top_level_spans(pre) == ["SamplingBatchInfo.update_regex_vocab_mask", "XGrammarGrammar.apply_vocab_mask"]
-        # One constrained request and one free one share the batch, and one mask.
-        assert pre[0]["batch_size"] == 2 and pre[0]["num_grammars"] == 1
-    # The request waited in the grammar queue and was admitted before the first batch ran.
-    assert fresh[0]["event"] == "GrammarManager.get_ready_grammar_requests" and fresh[0]["num_ready"] == 1
