@@ -5,15 +5,17 @@ applied inside _preprocess_logits (traces/sampling_vocab_mask.jsonl).
 C8: forward_batch_generation is ForwardBatch.init_new -> forward -> sample; a verify forward stops before sampling.
 Checked against traces/model_runner_forward_sample.jsonl."""
 
+import pytest
 import torch
 
 from minisgl import tracing
 from tests._traces import children, fresh_and_golden, top_level_spans
 
 
-def test_golden_trace_matches():
-    fresh, golden = fresh_and_golden("model_runner_forward_sample")
-    assert fresh == golden, "forward trace changed: review, then python -m minisgl.tools.refresh_traces"
+@pytest.mark.parametrize("name", ["model_runner_forward_sample", "sampling_vocab_mask"])
+def test_golden_trace_matches(name):
+    fresh, golden = fresh_and_golden(name)
+    assert fresh == golden, f"{name} trace changed: review, then python -m minisgl.tools.refresh_traces {name}"
 
 
 def test_c6_forward_dispatch():
@@ -87,11 +89,6 @@ def test_c8_verify_returns_unsampled(tiny_llama):
     assert result.next_token_ids is None and result.logits_output.next_token_logits.shape[0] == 1
     assert "ModelRunner.sample" not in [e["event"] for e in events]
     assert torch.isfinite(result.logits_output.next_token_logits).all()
-
-
-def test_c7_golden_trace_of_the_mask_path():
-    fresh, golden = fresh_and_golden("sampling_vocab_mask")
-    assert fresh == golden, "vocab-mask trace changed: review, then python -m minisgl.tools.refresh_traces"
 
 
 def test_c7_mask_is_built_and_applied_in_preprocess_logits_before_the_sampler():
