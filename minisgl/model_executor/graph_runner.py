@@ -113,9 +113,10 @@ class GraphRunner(abc.ABC):
         if self.custom_mask is not None:  # each request's [n, seq_len] back to back, then the padding's
             mask = forward_batch.spec_info.custom_mask
             self.custom_mask[: mask.numel()].copy_(mask)
-            self.custom_mask[mask.numel() : mask.numel() + (bs - raw_bs) * n * n].copy_(
-                self._padding_mask.repeat(bs - raw_bs)
-            )
+            if bs > raw_bs:
+                self.custom_mask[mask.numel() : mask.numel() + (bs - raw_bs) * n * n].copy_(
+                    self._padding_mask.repeat(bs - raw_bs)
+                )
         return bs
 
     def static_batch(self, bs: int) -> ForwardBatch:
