@@ -37,6 +37,7 @@ def test_buckets_and_padding():
         req_pool_indices=torch.tensor([3, 1, 2]),
         seq_lens=torch.tensor([10, 5, 7]),
         out_cache_loc=torch.tensor([40, 41, 42]),
+        positions=torch.tensor([9, 4, 6]),  # ForwardBatch.init_new's seq_lens - 1
     )
     runner.seq_lens.fill_(99)  # left over from an earlier, larger batch
     assert runner.load_inputs(batch) == 4
@@ -97,6 +98,67 @@ def test_verify_buffers_and_padding():
     static = runner.static_batch(4)
     assert static.forward_mode == ForwardMode.TARGET_VERIFY and static.spec_info.custom_mask is runner.custom_mask
     assert static.extend_start_loc.tolist() == [0, 2, 4, 6] and static.input_ids.numel() == 8
+    assert static.capture_hidden_mode == CaptureHiddenMode.FULL
+
+
+def test_draft_step_buffers_and_padding():
+    """An EAGLE head's draft step: topk one-token lanes a request, each a row of the graph's batch
+    with its feature row and its [1, seq_len] mask; a padding lane is one token in slot 0 that
+    sees itself. A draft extend of one token a request fits the chain's graph, not the tree's."""
+    pool = types.SimpleNamespace(size=2, req_to_token=torch.zeros(2, 8, dtype=torch.int32))
+    model_runner = types.SimpleNamespace(
+        device="cpu",
+        req_to_token_pool=pool,
+        token_to_kv_pool=None,
+        attn_backend=None,
+        model_config=types.SimpleNamespace(hidden_size=3),
+        dtype=torch.float32,
+    )
+    runner = _Runner(model_runner, 4, tree_mask=True, draft_lanes=2)
+    assert runner.capture_bs == [1, 2, 4]  # lanes: two requests (the pool's slots) of two lanes
+    assert runner.capture_forward_mode == ForwardMode.DRAFT_EXTEND and runner.custom_mask.numel() == 4 * 8
+    # One request, prefix 2, step 1: the lanes at positions 3 see the prefix, their parent, themselves.
+    mask = torch.tensor([1, 1, 1, 0, 1, 1, 1, 0, 1, 1], dtype=torch.bool)
+    hidden = torch.arange(6.0).view(2, 3)
+    batch = types.SimpleNamespace(
+        batch_size=2,
+        input_ids=torch.tensor([5, 6]),
+        req_pool_indices=torch.tensor([1, 1]),
+        seq_lens=torch.tensor([5, 5]),
+        out_cache_loc=torch.tensor([30, 31]),
+        positions=torch.tensor([3, 3]),
+        spec_info=types.SimpleNamespace(custom_mask=mask, hidden_states=hidden),
+        forward_mode=ForwardMode.DRAFT_EXTEND,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+        return_logprob=False,
+        extend_num_tokens=2,
+    )
+    assert runner.load_inputs(batch) == 2 and runner.hidden_states[:2].tolist() == hidden.tolist()
+    assert runner.custom_mask[:10].tolist() == mask.tolist()
+    assert runner.can_run(batch)
+    batch.batch_size = batch.extend_num_tokens = 3  # three lanes: one padding lane
+    batch.input_ids, batch.req_pool_indices = torch.tensor([5, 6, 7]), torch.tensor([1, 1, 0])
+    batch.seq_lens, batch.out_cache_loc, batch.positions = torch.tensor([5, 5, 4]), torch.arange(3), torch.arange(3)
+    batch.spec_info.hidden_states = torch.ones(3, 3)
+    batch.spec_info.custom_mask = torch.cat([mask, torch.ones(4, dtype=torch.bool)])
+    assert runner.load_inputs(batch) == 4
+    assert runner.seq_lens.tolist() == [5, 5, 4, 1] and runner.out_cache_loc.tolist() == [0, 1, 2, 0]
+    assert runner.custom_mask[14].item() and runner.positions.tolist() == [0, 1, 2, 0]
+    # A chain's draft extend (no mask) and EAGLE3's first (three layers' features) run eagerly here.
+    assert not runner.can_run(
+        types.SimpleNamespace(
+            **{**vars(batch), "spec_info": types.SimpleNamespace(custom_mask=None, hidden_states=hidden)}
+        )
+    )
+    assert not runner.can_run(
+        types.SimpleNamespace(
+            **{**vars(batch), "spec_info": types.SimpleNamespace(custom_mask=mask, hidden_states=torch.zeros(2, 9))}
+        )
+    )
+    assert not runner.can_run(types.SimpleNamespace(**{**vars(batch), "extend_num_tokens": 4}))
+    static = runner.static_batch(4)
+    assert static.capture_hidden_mode == CaptureHiddenMode.LAST and static.extend_seq_lens.tolist() == [1] * 4
+    assert static.spec_info.hidden_states.data_ptr() == runner.hidden_states.data_ptr()
 
 
 @pytest.mark.slow

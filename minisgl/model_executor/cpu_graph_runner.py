@@ -8,7 +8,8 @@ forward once per batch size and replaces it by one generated C++ function with t
 elementwise ops fused; minisgl's own C++ kernels (torch.ops.minisgl_kernel.*) stay
 calls, which inductor can trace only through the "fake" (meta) implementations
 registered here: shape and dtype, no work. A speculating target compiles its verify
-instead of decode, as SGLang's CudaGraphRunner captures TARGET_VERIFY (graph_runner.py).
+instead of decode, as SGLang's CudaGraphRunner captures TARGET_VERIFY, and an EAGLE head its
+draft steps, as SGLang's EAGLEDraftCudaGraphRunner does (graph_runner.py).
 
 Differences from SGLang: SGLang compiles every batch size 1..16 when the server
 starts and runs only those sizes; minisgl pads a batch up to the next bucket of
@@ -137,14 +138,17 @@ class CPUGraphRunner(GraphRunner):
 
     def __init__(self, model_runner: "ModelRunner") -> None:
         args = model_runner.server_args
-        # A speculating target compiles its verify (graph_runner.py); STANDALONE's draft model
-        # compiles its decode steps, and an EAGLE head builds no runner (ModelRunner.init_cpu_graph).
-        target = args.speculative_algorithm is not None and not model_runner.is_draft_worker
+        # A speculating target compiles its verify, an EAGLE head its draft steps (graph_runner.py);
+        # STANDALONE's draft model compiles its decode steps.
+        speculating = args.speculative_algorithm is not None
+        target = speculating and not model_runner.is_draft_worker
+        head = speculating and model_runner.is_draft_worker and args.speculative_algorithm in ("EAGLE", "EAGLE3")
         super().__init__(
             model_runner,
             args.torch_compile_max_bs,
             num_tokens_per_bs=args.speculative_num_draft_tokens if target else 1,
-            tree_mask=target and args.speculative_eagle_topk > 1,
+            tree_mask=(target or head) and args.speculative_eagle_topk > 1,
+            draft_lanes=args.speculative_eagle_topk if head else 0,
         )
         register_fake_ops()
         set_torch_compile_config(len(self.capture_bs), model_runner.tp_size)
@@ -163,7 +167,7 @@ class CPUGraphRunner(GraphRunner):
         def forward(input_ids, positions, forward_batch):
             with torch.no_grad():
                 out = model.forward(input_ids, positions, forward_batch)
-            # A verify's draft extend reads every row's hidden state too.
+            # A verify's draft extend reads every row's hidden state too, a draft step its lanes' outputs.
             return out.next_token_logits, out.hidden_states
 
         # A code object of this runner's own: dynamo keeps compiled graphs, and counts recompiles

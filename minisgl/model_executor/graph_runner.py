@@ -14,6 +14,12 @@ the draft tokens): a speculative round never runs a plain decode of the target. 
 graph also returns every row's hidden state, which EAGLE's draft extend reads, and a tree's
 mask goes in a static buffer sized for the longest rows, of which the kernel reads each
 round's part (SGLang's triton backend keeps ``cuda_graph_custom_mask`` the same way).
+
+An EAGLE head captures its draft steps (``draft_lanes``, SGLang's EAGLEDraftCudaGraphRunner):
+a step is one token on each of a request's topk lanes, which reads a feature row (the
+previous step's output) from a static buffer and, in a tree, sees the prefix and its own
+ancestors through the same kind of mask buffer. SGLang captures the step as DECODE with a
+multi-step attention backend; minisgl keeps the DRAFT_EXTEND batch its eager path runs.
 """
 
 from __future__ import annotations
@@ -41,24 +47,35 @@ class GraphRunner(abc.ABC):
     """Static buffers for the largest captured batch; subclasses capture and replay."""
 
     def __init__(
-        self, model_runner: "ModelRunner", max_bs: int, num_tokens_per_bs: int = 1, tree_mask: bool = False
+        self,
+        model_runner: "ModelRunner",
+        max_bs: int,
+        num_tokens_per_bs: int = 1,
+        tree_mask: bool = False,
+        draft_lanes: int = 0,
     ) -> None:
         """num_tokens_per_bs > 1 captures a target's verify of that many tokens a request, with
-        a custom mask if tree_mask (an EAGLE tree; a chain's mask is the causal one)."""
+        a custom mask if tree_mask (an EAGLE tree; a chain's mask is the causal one).
+        draft_lanes > 0 captures an EAGLE head's draft step instead: that many one-token lanes a
+        request (the topk), each a row of the graph's batch, with a feature buffer."""
         self.model_runner = model_runner
         self.device = model_runner.device
-        self.capture_bs = get_batch_sizes_to_capture(min(max_bs, model_runner.req_to_token_pool.size))
+        lanes = max(draft_lanes, 1)
+        self.capture_bs = get_batch_sizes_to_capture(min(max_bs, model_runner.req_to_token_pool.size) * lanes)
         self.max_bs = self.capture_bs[-1]
         self.num_tokens_per_bs = n = num_tokens_per_bs
-        self.capture_forward_mode = ForwardMode.DECODE if n == 1 else ForwardMode.TARGET_VERIFY
+        if draft_lanes:
+            self.capture_forward_mode = ForwardMode.DRAFT_EXTEND
+        else:
+            self.capture_forward_mode = ForwardMode.DECODE if n == 1 else ForwardMode.TARGET_VERIFY
         tokens = self.max_bs * n
         self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)
         self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=self.device)
         self.seq_lens = torch.full((self.max_bs,), n, dtype=torch.int64, device=self.device)
         self.out_cache_loc = torch.zeros(tokens, dtype=torch.int64, device=self.device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=self.device)
-        self.extend_seq_lens = self.extend_start_loc = self.custom_mask = None
-        if n > 1:
+        self.extend_seq_lens = self.extend_start_loc = self.custom_mask = self.hidden_states = None
+        if self.capture_forward_mode.is_extend():
             self.extend_seq_lens = torch.full((self.max_bs,), n, dtype=torch.int64, device=self.device)
             self.extend_start_loc = torch.arange(self.max_bs, dtype=torch.int64, device=self.device) * n
         if tree_mask:  # [n, seq_len] a request: room for every request at the longest context
@@ -66,15 +83,30 @@ class GraphRunner(abc.ABC):
             self.custom_mask = torch.zeros(tokens * max_context, dtype=torch.bool, device=self.device)
             # A padding row's n tokens have no prefix and see each other causally.
             self._padding_mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril().flatten()
+        if draft_lanes:  # each lane's feature: the previous step's output row
+            hidden = model_runner.model_config.hidden_size
+            self.hidden_states = torch.zeros(self.max_bs, hidden, dtype=model_runner.dtype, device=self.device)
 
     def static_buffers(self) -> list[torch.Tensor]:
         """Every tensor a replay writes its batch into."""
         buffers = [self.input_ids, self.req_pool_indices, self.seq_lens, self.out_cache_loc, self.positions]
-        return buffers + [t for t in (self.extend_seq_lens, self.extend_start_loc, self.custom_mask) if t is not None]
+        optional = (self.extend_seq_lens, self.extend_start_loc, self.custom_mask, self.hidden_states)
+        return buffers + [t for t in optional if t is not None]
 
     def can_run(self, forward_batch: ForwardBatch) -> bool:
         if forward_batch.forward_mode != self.capture_forward_mode or forward_batch.batch_size > self.max_bs:
             return False
+        if self.hidden_states is not None:
+            # A draft step: one token a lane, a mask exactly when the graph has one (a tree), and a
+            # feature as wide as the head's output. A draft extend whose requests each bring one
+            # token is the same computation and runs here too; EAGLE3's first one reads the
+            # target's three layers (3H wide) and runs eagerly.
+            spec_info = forward_batch.spec_info
+            return (
+                forward_batch.extend_num_tokens == forward_batch.batch_size
+                and (spec_info.custom_mask is None) == (self.custom_mask is None)
+                and spec_info.hidden_states.shape[-1] == self.hidden_states.shape[-1]
+            )
         if self.num_tokens_per_bs == 1:
             return not forward_batch.capture_hidden_mode.need_capture()
         # A verify graph takes n tokens from every request, and returns every row's logits and
@@ -95,25 +127,26 @@ class GraphRunner(abc.ABC):
     def load_inputs(self, forward_batch: ForwardBatch) -> int:
         """Copy the batch into the static buffers, padded; return the padded batch size.
 
-        A padding row is n new tokens with no prefix (n = 1 in decode) in the dummy slot 0."""
+        A padding row is n new tokens with no prefix (n = 1 in decode), all at position 0, in
+        the dummy slot 0."""
         raw_bs, n = forward_batch.batch_size, self.num_tokens_per_bs
         bs = self.padded_batch_size(raw_bs)
-        self.seq_lens[raw_bs:bs].fill_(n)
-        self.out_cache_loc[raw_bs * n : bs * n].zero_()
-        self.req_pool_indices[raw_bs:bs].zero_()
         self.input_ids[: raw_bs * n].copy_(forward_batch.input_ids)
         self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
         self.out_cache_loc[: raw_bs * n].copy_(forward_batch.out_cache_loc)
-        if n == 1:
-            self.positions[:bs].copy_(self.seq_lens[:bs] - 1)
-        else:  # the tree's depths, from the batch; a padding row's tokens sit at 0
-            self.positions[: raw_bs * n].copy_(forward_batch.positions)
-            self.positions[raw_bs * n : bs * n].zero_()
+        self.positions[: raw_bs * n].copy_(forward_batch.positions)  # a tree's: its nodes' depths
         if self.custom_mask is not None:  # each request's [n, seq_len] back to back, then the padding's
             mask = forward_batch.spec_info.custom_mask
             self.custom_mask[: mask.numel()].copy_(mask)
-            if bs > raw_bs:
+        if self.hidden_states is not None:  # padding lanes keep stale rows: their outputs are dropped
+            self.hidden_states[:raw_bs].copy_(forward_batch.spec_info.hidden_states)
+        if bs > raw_bs:  # each small copy costs a dispatch: only a padded batch writes its padding
+            self.seq_lens[raw_bs:bs].fill_(n)
+            self.out_cache_loc[raw_bs * n : bs * n].zero_()
+            self.req_pool_indices[raw_bs:bs].zero_()
+            self.positions[raw_bs * n : bs * n].zero_()
+            if self.custom_mask is not None:
                 self.custom_mask[mask.numel() : mask.numel() + (bs - raw_bs) * n * n].copy_(
                     self._padding_mask.repeat(bs - raw_bs)
                 )
@@ -122,15 +155,18 @@ class GraphRunner(abc.ABC):
     def static_batch(self, bs: int) -> ForwardBatch:
         """A ForwardBatch of the captured mode over the first bs rows of the static buffers."""
         runner, n = self.model_runner, self.num_tokens_per_bs
-        verify = {}
-        if n > 1:  # what the attention backend reads of a verify; the mask is the whole buffer
-            verify = dict(
+        extend, capture = {}, CaptureHiddenMode.NULL
+        if self.capture_forward_mode.is_extend():  # what the backend reads; the mask is the whole buffer
+            hidden = None if self.hidden_states is None else self.hidden_states[:bs]
+            extend = dict(
                 extend_seq_lens=self.extend_seq_lens[:bs],
                 extend_start_loc=self.extend_start_loc[:bs],
                 extend_seq_lens_cpu=[n] * bs,
                 extend_num_tokens=bs * n,
-                spec_info=types.SimpleNamespace(custom_mask=self.custom_mask),
+                spec_info=types.SimpleNamespace(custom_mask=self.custom_mask, hidden_states=hidden),
             )
+            # A verify keeps every row's state for the draft extend; a draft step its one row.
+            capture = CaptureHiddenMode.FULL if hidden is None else CaptureHiddenMode.LAST
         return ForwardBatch(
             forward_mode=self.capture_forward_mode,
             batch_size=bs,
@@ -141,9 +177,9 @@ class GraphRunner(abc.ABC):
             positions=self.positions[: bs * n],
             req_pool_indices_cpu=[0] * bs,
             seq_lens_cpu=[n] * bs,
-            capture_hidden_mode=CaptureHiddenMode.NULL if n == 1 else CaptureHiddenMode.FULL,
+            capture_hidden_mode=capture,
             req_to_token_pool=runner.req_to_token_pool,
             token_to_kv_pool=runner.token_to_kv_pool,
             attn_backend=runner.attn_backend,
-            **verify,
+            **extend,
         )

@@ -308,11 +308,6 @@ class ModelRunner:
         if not self.server_args.enable_torch_compile:
             tracing.point("ModelRunner.init_device_graphs.skipped", reason="device is not cuda")
             return
-        if self.is_draft_worker and self.server_args.speculative_algorithm in ("EAGLE", "EAGLE3"):
-            # An EAGLE head's forwards are draft extends over trees; SGLang captures them in runners
-            # of their own (EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner), omitted here.
-            tracing.point("ModelRunner.init_device_graphs.skipped", reason="EAGLE draft")
-            return
         # Refused here rather than at the first decode, where the failed trace would abort the batch.
         if self.use_mla_backend:  # the intel_amx backend runs MLA on torch_native's per-request loop
             raise ValueError("enable_torch_compile: CPUGraphRunner does not trace MLA attention in minisgl")

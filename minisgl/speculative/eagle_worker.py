@@ -22,8 +22,11 @@ t0 sits at position L (k = speculative_num_steps, N = speculative_num_draft_toke
                 rewrites their KV and yields the next round's first top-k and feature
 A prefill runs the target (keeping its hidden states), then a draft extend over the same
 positions with the tokens shifted by one. The logprobs of a round's tokens are read off
-the verify's logits (spec_utils.attach_verified_logprobs). SGLang also captures CUDA graphs
-for draft and draft extend and overlaps scheduling (eagle_worker_v2.py); omitted.
+the verify's logits (spec_utils.attach_verified_logprobs). With --enable-torch-compile the
+draft steps replay a graph (model_executor/graph_runner.py), as SGLang's
+EAGLEDraftCudaGraphRunner captures them; SGLang also captures the draft extend after verify
+(EAGLEDraftExtendCudaGraphRunner, each request padded to k + 1 tokens) and overlaps
+scheduling (eagle_worker_v2.py); omitted.
 """
 
 from __future__ import annotations
