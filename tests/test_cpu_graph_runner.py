@@ -144,7 +144,7 @@ def test_draft_step_buffers_and_padding():
     assert runner.load_inputs(batch) == 4
     assert runner.seq_lens.tolist() == [5, 5, 4, 1] and runner.out_cache_loc.tolist() == [0, 1, 2, 0]
     assert runner.custom_mask[14].item() and runner.positions.tolist() == [0, 1, 2, 0]
-    # A chain's draft extend (no mask) and EAGLE3's first (three layers' features) run eagerly here.
+    # In a tree's graph, a draft extend (no mask) and EAGLE3's first (three layers' features) run eagerly.
     assert not runner.can_run(
         types.SimpleNamespace(
             **{**vars(batch), "spec_info": types.SimpleNamespace(custom_mask=None, hidden_states=hidden)}
