@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import itertools
 import json
@@ -39,8 +38,6 @@ import os
 import pathlib
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +49,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 from bench_offline import engine_cmd, run_in_subprocess  # noqa: E402
 from offline_engines import bench_hf_padded, load_hf_model  # noqa: E402
+from server_process import running_server  # noqa: E402
 from workload import make_workload  # noqa: E402
 
 # ---- statistics ------------------------------------------------------------------------------
@@ -90,73 +88,6 @@ def print_summary(name: str, s: dict) -> None:
     for key in ("ttft", "itl", "e2e"):
         p = s[key]
         print(f"  {key.upper():10s} {p[50] * 1e3:9.1f} {p[90] * 1e3:9.1f} {p[99] * 1e3:9.1f}")
-
-
-# ---- the server subprocess -------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-try:
-    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: the forked child only makes one call
-except OSError:  # not glibc Linux: the try/finally alone stops the server
-    _LIBC = None
-
-
-def _die_with_parent():
-    """Run in the child before exec: Linux sends it SIGTERM if this process dies, even by SIGKILL."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def start_server(path: str, args, log) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
-    cmd = [
-        sys.executable, "-m", "minisgl.launch_server",
-        "--model-path", path,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", args.dtype,
-        "--max-total-tokens", str(args.max_total_tokens),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(trust_env=False, timeout=2) as client:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode} before it was healthy")
-            try:
-                if client.get(f"{url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server was not healthy after {timeout:.0f}s")
-            time.sleep(0.2)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()  # uvicorn shuts down gracefully (at most 5 s for open requests)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 # ---- the streaming clients -------------------------------------------------------------------
@@ -223,24 +154,26 @@ async def run_clients(url: str, workload, concurrency: int, request_rate: float,
 
 def bench_server(path: str, workload, args) -> tuple[dict, float]:
     log = tempfile.NamedTemporaryFile("w", prefix="minisgl-bench-serving-", suffix=".log", delete=False)
-    proc, url = start_server(path, args, log)
+    flags = ["--host", "127.0.0.1", "--dtype", args.dtype, "--max-total-tokens", str(args.max_total_tokens)]
+    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     ok = False
     try:
         start = time.perf_counter()
-        wait_healthy(proc, url, args.startup_timeout)
-        with httpx.Client(trust_env=False, timeout=60) as client:
-            warm = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
-            client.post(f"{url}/generate", json=warm).raise_for_status()  # first token: startup ends here
-            startup = time.perf_counter() - start
-            client.post(f"{url}/flush_cache").raise_for_status()
-        results, elapsed = asyncio.run(run_clients(url, workload, args.concurrency, args.request_rate, args.seed, args))
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            raise RuntimeError(f"{len(failed)} of {len(results)} requests failed, the first: {failed[0]!r}")
-        ok = True
-        return summarize(results, elapsed), startup
+        with running_server(path, *flags, start_timeout=args.startup_timeout, env=env, log=log) as (url, _):
+            with httpx.Client(trust_env=False, timeout=60) as client:
+                warm = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+                client.post(f"{url}/generate", json=warm).raise_for_status()  # first token: startup ends here
+                startup = time.perf_counter() - start
+                client.post(f"{url}/flush_cache").raise_for_status()
+            results, elapsed = asyncio.run(
+                run_clients(url, workload, args.concurrency, args.request_rate, args.seed, args)
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise RuntimeError(f"{len(failed)} of {len(results)} requests failed, the first: {failed[0]!r}")
+            ok = True
+            return summarize(results, elapsed), startup
     finally:
-        stop_server(proc)
         log.close()
         if ok:
             os.unlink(log.name)
