@@ -55,11 +55,49 @@ def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype):
         if vnni_gemm_engine(getattr(torch, dtype)):  # bf16 on AVX512-BF16 or AMX: the engines' VNNI layout
             assert all(m.weight.dim() == 4 for m in linears) and model.lm_head.gemm_weight.dim() == 4
         elif not linear._onednn_is_faster(getattr(torch, dtype)):  # every N here is a multiple of 32
-            assert all(m.weight.dim() == 3 for m in linears)
-            assert model.lm_head.gemm_weight.dim() == 3  # the LM head's packed copy; the tied weight stays plain
-        assert model.lm_head.weight.dim() == 2
+            assert all(m.weight.dim() == 3 for m in linears) and model.lm_head.gemm_weight.dim() == 3
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tied_embedding_is_held_once_and_looks_up_the_checkpoint_rows(tiny_llama, dtype):
+    """The LM head packs the weight it shares with the embedding in place; the embedding reads rows from it."""
+    from safetensors.torch import load_file
+
+    engine = Engine(model_path=tiny_llama, device="cpu", dtype=dtype, max_total_tokens=256)
+    try:
+        model = engine.scheduler.tp_worker.model_runner.model
+        embed, head = model.model.embed_tokens, model.lm_head
+        assert embed.weight is head.weight
+        if head.weight.dim() == 2:  # oneDNN's layout was chosen: it cannot be read by rows, so a second copy
+            pytest.skip("oneDNN multiplies faster here, so the head keeps a blocked copy beside the plain weight")
+        assert head.packed_weight is None and head.gemm_weight is head.weight  # one tensor: lookup and logits
+        checkpoint = load_file(f"{tiny_llama}/model.safetensors")["model.embed_tokens.weight"].to(getattr(torch, dtype))
+        ids = torch.tensor([[0, 5, 5], [checkpoint.shape[0] - 1, 17, 3]])
+        assert torch.equal(embed(ids), checkpoint[ids])
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
+@pytest.mark.parametrize(
+    "layout,dtype",
+    [("panels", torch.float32), ("panels", torch.bfloat16), ("vnni", torch.bfloat16), ("vnni", torch.float16)],
+)
+def test_weight_rows_read_back_the_packed_rows(layout, dtype):
+    """weight_rows on either packed layout returns exactly the plain weight's rows (both packings
+    are pure layout, so both run on any CPU), and refuses an id outside the vocabulary."""
+    weight = torch.randn(96, 40, generator=torch.Generator().manual_seed(0)).to(dtype)
+    ops = torch.ops.minisgl_kernel
+    packed = ops.convert_weight_packed_vnni(weight) if layout == "vnni" else ops.convert_weight_packed(weight)
+    ids = torch.tensor([[95, 0, 31, 32], [33, 33, 64, 7]])
+    assert torch.equal(linear.weight_rows(packed, ids), weight[ids])
+    assert torch.equal(linear.weight_rows(weight, ids), weight[ids])
+    assert linear.weight_rows(packed, torch.zeros(0, dtype=torch.long)).shape == (0, 40)
+    with pytest.raises(RuntimeError, match="id 96 is out of range for 96 rows"):
+        linear.weight_rows(packed, torch.tensor([1, 96]))
 
 
 def test_kv_pool_zeroes_only_the_padding_page():

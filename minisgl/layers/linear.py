@@ -107,6 +107,19 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight if _onednn_supports(weight.dtype) else weight.float(), 64)
 
 
+def weight_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """weight[ids] of an [N, K] weight as pack_linear_weight left it: plain, or minisgl's panels.
+
+    What a tied embedding looks its tokens up with once its LM head has packed the shared weight
+    (ParallelLMHead), so the model holds the vocabulary matrix once. oneDNN's blocked layout is
+    opaque, so a head packed that way keeps its plain weight beside it.
+    """
+    if weight.dim() == 2:
+        return F.embedding(ids, weight)
+    rows = torch.ops.minisgl_kernel.packed_weight_rows(weight, ids.reshape(-1).long())
+    return rows.view(*ids.shape, rows.shape[-1])
+
+
 def _onednn_supports(dtype: torch.dtype) -> bool:
     """Whether oneDNN multiplies this dtype natively on this CPU (its bf16 and fp16 kernels need AVX-512)."""
     if dtype == torch.bfloat16:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.distributed.parallel_state import (
@@ -22,7 +21,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.linear import pack_linear_weight
+from minisgl.layers.linear import pack_linear_weight, weight_rows
 from minisgl.layers.quantization.base_config import FROM_LOADER, resolve_quant_config
 
 
@@ -55,9 +54,9 @@ class VocabParallelEmbedding(nn.Module):
         param.data[: local.shape[0]].copy_(local)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return (
-            self.quant_method.embedding(self, ids) if self.quant_method is not None else F.embedding(ids, self.weight)
-        )
+        if self.quant_method is not None:
+            return self.quant_method.embedding(self, ids)
+        return weight_rows(self.weight, ids)  # plain, or packed by a tied ParallelLMHead
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -89,10 +88,15 @@ class ParallelLMHead(VocabParallelEmbedding):
     def process_weights_after_loading(self) -> None:
         if self.quant_method is not None:  # LogitsProcessor multiplies through quant_method.apply
             return super().process_weights_after_loading()
-        # The logits GEMM gets its own copy in apply_linear's fastest layout: the weight itself
-        # stays plain, since a tied embedding looks rows up in it.
+        # The logits GEMM reads the weight in apply_linear's fastest layout. minisgl's own panels
+        # replace the weight in place: a tied embedding shares this Parameter and reads its rows
+        # from the panels (weight_rows), so the vocabulary matrix is held once. oneDNN's blocked
+        # layout cannot be read back by rows, so that one is a second copy beside the plain weight.
         packed = pack_linear_weight(self.weight.data)
-        self.packed_weight = packed if packed is not self.weight.data else None
+        if packed.dim() in (3, 4):
+            self.weight.data = packed
+        elif packed is not self.weight.data:
+            self.packed_weight = packed
 
     @property
     def gemm_weight(self) -> torch.Tensor:

@@ -98,6 +98,10 @@ def register_fake_ops() -> None:
     def _(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids):
         return torch.empty_like(hidden_states)
 
+    @torch.library.register_fake(ops + "packed_weight_rows")
+    def _(packed, ids):
+        return packed.new_empty(ids.shape[0], packed.shape[1] * (2 if packed.dim() == 4 else 1))
+
     @torch.library.register_fake(ops + "argmax_cpu")
     def _(logits):
         return logits.new_empty(logits.shape[0], dtype=torch.int64)

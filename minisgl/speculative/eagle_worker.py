@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from minisgl import tracing
+from minisgl.layers.linear import weight_rows
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.vocab_parallel_embedding import ParallelLMHead
 from minisgl.managers.schedule_batch import ModelWorkerBatch
@@ -333,7 +334,8 @@ def _load_token_map(path: str, vocab_size: int) -> torch.Tensor:
 def _cut_head(head: ParallelLMHead, token_map: str) -> ParallelLMHead:
     """The target's LM head with only the hot tokens' rows (SGLang's head.data[hot_token_id])."""
     hot = _load_token_map(token_map, head.org_vocab_size).to(head.weight.device)
-    cut = ParallelLMHead(len(hot), head.weight.shape[1])
-    cut.weight = torch.nn.Parameter(head.weight.data[hot].clone(), requires_grad=False)
+    rows = weight_rows(head.weight.data, hot)  # a new tensor, whether the weight is plain or packed
+    cut = ParallelLMHead(len(hot), rows.shape[1])
+    cut.weight = torch.nn.Parameter(rows, requires_grad=False)
     cut.process_weights_after_loading()
     return cut

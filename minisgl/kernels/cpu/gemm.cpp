@@ -126,6 +126,43 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
   return out;
 }
 
+// Rows of W [N, K] read back out of its packed layout: out[t] = W[ids[t]]. Both layouts are
+// [N / B][K / p][B][p] (convert_weight_packed: B = BLOCK_N, p = 1; convert_weight_packed_vnni:
+// B = 32, p = 2), so W[n, k] sits at ((n / B) (K / p) + k / p) B p + (n % B) p + k % p. A tied
+// embedding looks its tokens up here, in the LM head's packed copy, so that a model keeps one copy
+// of its vocabulary matrix instead of a plain one beside the packed one (SGLang, whose tied head
+// multiplies by the plain embedding, also keeps one). A row is K / p strided reads of p values, a
+// cache line each, where a plain row is K contiguous values: the price is paid per prompt token, once.
+at::Tensor packed_weight_rows(const at::Tensor& packed, const at::Tensor& ids) {
+  CHECK_INPUT(packed);
+  CHECK_CPU(ids);
+  const int64_t d = packed.dim();
+  TORCH_CHECK(d == 3 || (d == 4 && packed.size(3) == 2),
+              "packed_weight_rows: expects a weight from convert_weight_packed or convert_weight_packed_vnni, got ",
+              packed.sizes());
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1, "packed_weight_rows: expects 1-D int64 ids");
+  const int64_t B = packed.size(2), p = d == 4 ? 2 : 1, K = packed.size(1) * p, N = packed.size(0) * B;
+  const at::Tensor idx = ids.contiguous();
+  const int64_t* id = idx.data_ptr<int64_t>();
+  const int64_t T = idx.numel();
+  at::Tensor out = at::empty({T, K}, packed.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, packed.scalar_type(), "packed_weight_rows", [&] {
+    const scalar_t* P = packed.data_ptr<scalar_t>();
+    scalar_t* O = out.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = id[t];
+        TORCH_CHECK(0 <= n && n < N, "packed_weight_rows: id ", n, " is out of range for ", N, " rows");
+        const scalar_t* row = P + (n / B) * K * B + (n % B) * p;
+        for (int64_t k = 0; k < K; k += p) {
+          for (int64_t j = 0; j < p; ++j) O[t * K + k + j] = row[k * B + j];
+        }
+      }
+    });
+  });
+  return out;
+}
+
 // The panel width, for callers that must know which N convert_weight_packed accepts.
 int64_t weight_packed_block_n() { return BLOCK_N; }
 

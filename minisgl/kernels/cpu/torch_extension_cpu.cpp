@@ -28,6 +28,7 @@ at::Tensor convert_weight_packed(const at::Tensor& weight);
 at::Tensor convert_weight_packed_vnni(const at::Tensor& weight);
 at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
 int64_t weight_packed_block_n();
+at::Tensor packed_weight_rows(const at::Tensor& packed, const at::Tensor& ids);
 at::Tensor argmax_cpu(const at::Tensor& logits);
 // gemm_int8.cpp: W8A8-int8
 at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w2,
@@ -66,6 +67,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def("convert_weight_packed(Tensor weight) -> Tensor");
   m.def("convert_weight_packed_vnni(Tensor weight) -> Tensor");
   m.def("weight_packed_linear(Tensor mat1, Tensor mat2, Tensor? bias) -> Tensor");
+  m.def("packed_weight_rows(Tensor packed, Tensor ids) -> Tensor");
   m.def(
       "fused_experts_cpu(Tensor hidden_states, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> "
       "Tensor");
@@ -95,6 +97,7 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("convert_weight_packed", &minisgl::convert_weight_packed);
   m.impl("convert_weight_packed_vnni", &minisgl::convert_weight_packed_vnni);
   m.impl("weight_packed_linear", &minisgl::weight_packed_linear);
+  m.impl("packed_weight_rows", &minisgl::packed_weight_rows);
   m.impl("fused_experts_cpu", &minisgl::fused_experts_cpu);
   m.impl("fused_experts_int8_cpu", &minisgl::fused_experts_int8_cpu);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
