@@ -24,7 +24,6 @@ import os
 import pathlib
 import shutil
 import tempfile
-import warnings
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -201,39 +200,35 @@ def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -
     ggml type id) then ``...qweight`` (its blocks, uint8 [rows, bytes]); a 1-D tensor (a norm) in float.
 
     Every block type is checked before any weight is yielded, so an unsupported one is refused by
-    name at load. Mirrors SGLang's gguf_quant_weights_iterator (model_loader/weight_utils.py:969)."""
-    import gguf
+    name at load. Mirrors SGLang's gguf_quant_weights_iterator (model_loader/weight_utils.py:969),
+    which reads through gguf-py's GGUFReader; minisgl reads the file with plain reads instead
+    (gguf_tensors.py says why)."""
+    from minisgl.layers.quantization.gguf_kernel import check_supported
+    from minisgl.model_loader.gguf_tensors import read_tensor, read_tensor_table
 
-    from minisgl.layers.quantization.gguf_kernel import UNQUANTIZED_TYPES, check_supported
-
-    reader = gguf.GGUFReader(gguf_file)
-    arch = str(reader.fields["general.architecture"].contents())
-    # The tensors' views of the file, without the parsed metadata (the vocabulary and merges as
-    # numpy arrays, about 160 MB for SmolLM2), which is dropped before any weight is copied.
-    tensors = list(reader.tensors)
-    del reader
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise NotImplementedError(
-            f"{gguf_file}: GGUF architecture {arch!r}: minisgl keeps llama, qwen2 and qwen3 quantized"
-        )
-    for tensor in tensors:
-        if _hf_name(tensor.name) is None:
-            raise ValueError(f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}")
-        if len(tensor.shape) > 1:
-            check_supported(tensor.tensor_type, tensor.name)
-    heads = {"attn_q": hf_config.num_attention_heads, "attn_k": hf_config.num_key_value_heads}
-    for tensor in tensors:
-        name = _hf_name(tensor.name)
-        with warnings.catch_warnings():  # the file's pages, read-only: the loaders copy them out
-            warnings.simplefilter("ignore", UserWarning)
-            data = torch.from_numpy(tensor.data)
-        if len(tensor.shape) == 1:
-            yield name, data.to(dtype)
-            continue
-        if tensor.tensor_type in UNQUANTIZED_TYPES:
-            data = data.view(torch.uint8)  # held as bytes too, like the blocks
-        kind = tensor.name.split(".")[-2]
-        if arch == "llama" and kind in heads:
-            data = _reverse_permute(data, heads[kind])
-        yield name.replace("weight", "qweight_type"), torch.tensor(int(tensor.tensor_type))
-        yield name.replace("weight", "qweight"), data
+    with open(gguf_file, "rb") as f:
+        metadata, tensors = read_tensor_table(f, ("general.architecture", "general.alignment"))
+        arch = metadata.get("general.architecture")
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise NotImplementedError(
+                f"{gguf_file}: GGUF architecture {arch!r}: minisgl keeps llama, qwen2 and qwen3 quantized"
+            )
+        for tensor in tensors:
+            if _hf_name(tensor.name) is None:
+                raise ValueError(
+                    f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}"
+                )
+            if len(tensor.dims) > 1:
+                check_supported(tensor.tensor_type, tensor.name)
+        heads = {"attn_q": hf_config.num_attention_heads, "attn_k": hf_config.num_key_value_heads}
+        for tensor in tensors:
+            name, data = _hf_name(tensor.name), read_tensor(f, tensor)
+            if len(tensor.dims) == 1:
+                yield name, data.to(dtype)
+                continue
+            # A matrix comes as its rows' bytes, the blocks (or an unquantized type's values) as stored.
+            kind = tensor.name.split(".")[-2]
+            if arch == "llama" and kind in heads:
+                data = _reverse_permute(data, heads[kind])
+            yield name.replace("weight", "qweight_type"), torch.tensor(tensor.tensor_type)
+            yield name.replace("weight", "qweight"), data
