@@ -44,39 +44,36 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, mo
 
 
 @pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype):
-    """Every linear layer's weight is packed once, in the model's dtype: a bf16 model holds no float32 copy."""
+@pytest.mark.parametrize("dtype,gemm", [("float32", "minisgl"), ("bfloat16", "minisgl"), ("float32", "oneDNN")])
+def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype, gemm, monkeypatch):
+    """Every linear layer's weight is packed once, in the model's dtype: a bf16 model holds no float32 copy.
+    The LM head packs the weight it shares with the tied embedding in place, and the embedding reads
+    the checkpoint's rows back out of the panels: the vocabulary matrix is held once (with oneDNN's
+    blocked layout, which cannot be read by rows, the head keeps a copy)."""
+    from safetensors.torch import load_file
+
+    if gemm == "oneDNN":
+        monkeypatch.setattr(linear, "has_packed_gemm", lambda: False)
     engine = Engine(model_path=tiny_llama, device="cpu", dtype=dtype, max_total_tokens=256)
     try:
         model = engine.scheduler.tp_worker.model_runner.model
         linears = [m for m in model.modules() if isinstance(m, LinearBase)]
         assert linears and all(m.weight.dtype == getattr(torch, dtype) for m in linears)
-        if vnni_gemm_engine(getattr(torch, dtype)):  # bf16 on AVX512-BF16 or AMX: the engines' VNNI layout
+        if gemm == "oneDNN":
+            assert all(m.weight.is_mkldnn for m in linears) and model.lm_head.gemm_weight.is_mkldnn
+        elif vnni_gemm_engine(getattr(torch, dtype)):  # bf16 on AVX512-BF16 or AMX: the engines' VNNI layout
             assert all(m.weight.dim() == 4 for m in linears) and model.lm_head.gemm_weight.dim() == 4
         elif not linear._onednn_is_faster(getattr(torch, dtype)):  # every N here is a multiple of 32
             assert all(m.weight.dim() == 3 for m in linears) and model.lm_head.gemm_weight.dim() == 3
-    finally:
-        engine.shutdown()
-
-
-@pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_tied_embedding_is_held_once_and_looks_up_the_checkpoint_rows(tiny_llama, dtype):
-    """The LM head packs the weight it shares with the embedding in place; the embedding reads rows from it."""
-    from safetensors.torch import load_file
-
-    engine = Engine(model_path=tiny_llama, device="cpu", dtype=dtype, max_total_tokens=256)
-    try:
-        model = engine.scheduler.tp_worker.model_runner.model
         embed, head = model.model.embed_tokens, model.lm_head
         assert embed.weight is head.weight
-        if head.weight.dim() == 2:  # oneDNN's layout was chosen: it cannot be read by rows, so a second copy
-            pytest.skip("oneDNN multiplies faster here, so the head keeps a blocked copy beside the plain weight")
-        assert head.packed_weight is None and head.gemm_weight is head.weight  # one tensor: lookup and logits
         checkpoint = load_file(f"{tiny_llama}/model.safetensors")["model.embed_tokens.weight"].to(getattr(torch, dtype))
         ids = torch.tensor([[0, 5, 5], [checkpoint.shape[0] - 1, 17, 3]])
         assert torch.equal(embed(ids), checkpoint[ids])
+        if head.weight.dim() in (3, 4):  # minisgl's panels: one tensor serves the lookup and the logits
+            assert head.packed_weight is None and head.gemm_weight is head.weight
+        else:  # oneDNN's blocked layout cannot be read by rows: the head multiplies a copy of its own
+            assert head.packed_weight is not None and head.packed_weight.is_mkldnn
     finally:
         engine.shutdown()
 
