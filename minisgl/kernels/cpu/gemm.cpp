@@ -129,8 +129,8 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
 // Rows of W [N, K] read back out of its packed layout: out[t] = W[ids[t]]. Both layouts are
 // [N / B][K / p][B][p] (convert_weight_packed: B = BLOCK_N, p = 1; convert_weight_packed_vnni:
 // B = 32, p = 2), so W[n, k] sits at ((n / B) (K / p) + k / p) B p + (n % B) p + k % p. A tied
-// embedding looks its tokens up here, in the LM head's packed copy, so that a model keeps one copy
-// of its vocabulary matrix instead of a plain one beside the packed one (SGLang, whose tied head
+// embedding looks its tokens up here, in the weight its LM head packed in place, so that a model keeps
+// one copy of its vocabulary matrix instead of a plain one beside the packed one (SGLang, whose tied head
 // multiplies by the plain embedding, also keeps one). A row is K / p strided reads of p values, a
 // cache line each, where a plain row is K contiguous values: the price is paid per prompt token, once.
 at::Tensor packed_weight_rows(const at::Tensor& packed, const at::Tensor& ids) {
