@@ -158,22 +158,6 @@ inline bool cpu_has_avx512_bf16() {
   return has;
 }
 
-// The matrix engines of this CPU, for the GEMMs (gemm_vnni.cpp, gemm_int8_vnni.cpp) and the fused MoE.
-struct Engines {
-  bool avx512_bf16, amx_bf16, amx_fp16, amx_int8;
-};
-
-// Asked once: the answer cannot change while the process runs.
-inline const Engines& engines() {
-  static const Engines e = [] {
-    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it.
-    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
-    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16"),
-                   amx && cpu_has("amx_int8")};
-  }();
-  return e;
-}
-
 // Whether oneDNN's brgemm ukernel runs here for A x B -> C: torch 2.13's at::native::cpublas::brgemm
 // calls it wherever oneDNN's device check passes (AVX-512 on the CPUs seen so far, AMX or not) and
 // raises otherwise. Asked once per type, by one tiny call.
@@ -192,6 +176,26 @@ bool brgemm_runs() {
     }
   }();
   return runs;
+}
+
+// The matrix engines of this CPU, for the GEMMs (gemm_vnni.cpp, gemm_int8_vnni.cpp) and the fused MoE.
+struct Engines {
+  bool avx512_bf16, amx_bf16, amx_fp16, amx_int8;
+};
+
+// Asked once: the answer cannot change while the process runs.
+inline const Engines& engines() {
+  static const Engines e = [] {
+    // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it. And
+    // oneDNN must take the call: ONEDNN_MAX_CPU_ISA below AMX (AVX2, say) makes brgemm raise, so
+    // there the tiles count as absent and the blocks stay on minisgl's own kernels.
+    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
+    return Engines{cpu_has_avx512_bf16(),
+                   amx && cpu_has("amx_bf16") && brgemm_runs<at::BFloat16, at::BFloat16, float>(),
+                   amx && cpu_has("amx_fp16") && brgemm_runs<at::Half, at::Half, float>(),
+                   amx && cpu_has("amx_int8") && brgemm_runs<uint8_t, int8_t, int32_t>()};
+  }();
+  return e;
 }
 
 // Whether blocks of more than 4 rows go to at::native::cpublas::brgemm, given whether this CPU has
