@@ -18,6 +18,8 @@
 namespace minisgl {
 namespace {
 
+constexpr int64_t CHUNK_M = 128;  // rows per unit of work, as in gemm.cpp and gemm_int8_vnni.cpp
+
 // out[r, 0:32] = rows [0, ROWS) of A times one panel + bias, rounded to bf16.
 template <int ROWS>
 MINISGL_AVX512_BF16 void tile_dpbf16_store(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
@@ -52,33 +54,43 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
   }
 }
 
-// Every (row block, panel) pair is one unit of work; a thread's units share its scratch and its
-// AMX tile configuration, which it releases when done (sgl-kernel does the same per parallel_2d range).
+// Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the
+// float32 and int8 GEMMs do). Within a unit each panel meets all of the chunk's rows, 32 at a time,
+// before the next panel, so a weight is read from memory once per chunk: with row blocks outermost
+// (each thread its own rows, every panel) both threads streamed the whole weight, and a 64-row
+// decode step's GEMMs over SmolLM2's 30 layers took 48 ms instead of 38 on a 2-core Xeon with AMX.
+// A thread's units share its AMX tile configuration, which it releases when done (sgl-kernel does
+// the same per parallel_2d range).
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
                int64_t N, int64_t K, bool use_brgemm) {
-  const int64_t NB = N / VNNI_BLOCK_N, MB = (M + VNNI_BLOCK_M - 1) / VNNI_BLOCK_M;
-  at::parallel_for(0, MB * NB, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) float scratch[VNNI_BLOCK_M * VNNI_BLOCK_N];
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t m0 = u / NB * VNNI_BLOCK_M, nb = u % NB, rows = std::min(VNNI_BLOCK_M, M - m0);
-      const scalar_t* panel = B + nb * K * VNNI_BLOCK_N;
-      scalar_t* out = C + m0 * N + nb * VNNI_BLOCK_N;
-      const scalar_t* panel_bias = bias ? bias + nb * VNNI_BLOCK_N : nullptr;
-      if (use_brgemm) {
-        at::native::cpublas::brgemm(rows, VNNI_BLOCK_N, K, lda, VNNI_BLOCK_N, VNNI_BLOCK_N, /*add_C=*/false,
-                                    A + m0 * lda, panel, scratch);
-        store_scratch(scratch, rows, out, N, panel_bias);
-      } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-        for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
-          with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
-            tile_dpbf16_store<R>(A + (m0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias);
-          });
+  for_each_unit(
+      M, N / VNNI_BLOCK_N, CHUNK_M,
+      [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
+        alignas(64) float scratch[VNNI_BLOCK_M * VNNI_BLOCK_N];
+        for (int64_t nb = nb0; nb < nb1; ++nb) {
+          const scalar_t* panel = B + nb * K * VNNI_BLOCK_N;
+          const scalar_t* panel_bias = bias ? bias + nb * VNNI_BLOCK_N : nullptr;
+          for (int64_t r0 = m0; r0 < m1; r0 += VNNI_BLOCK_M) {
+            const int64_t rows = std::min(VNNI_BLOCK_M, m1 - r0);
+            scalar_t* out = C + r0 * N + nb * VNNI_BLOCK_N;
+            if (use_brgemm) {
+              at::native::cpublas::brgemm(rows, VNNI_BLOCK_N, K, lda, VNNI_BLOCK_N, VNNI_BLOCK_N, /*add_C=*/false,
+                                          A + r0 * lda, panel, scratch);
+              store_scratch(scratch, rows, out, N, panel_bias);
+            } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+              for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
+                with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
+                  tile_dpbf16_store<R>(A + (r0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias);
+                });
+              }
+            }
+          }
         }
-      }
-    }
-    if (use_brgemm) at::native::cpublas::brgemm_release();
-  });
+      },
+      [&] {
+        if (use_brgemm) at::native::cpublas::brgemm_release();
+      });
 }
 
 }  // namespace
