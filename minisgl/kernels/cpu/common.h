@@ -19,8 +19,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #define CHECK_CPU(x) TORCH_CHECK((x).device().is_cpu(), #x " must be a CPU tensor")
@@ -187,13 +189,16 @@ struct Engines {
 inline const Engines& engines() {
   static const Engines e = [] {
     // AMX also needs the kernel's permission to use the tile registers; init_amx asks for it. And
-    // oneDNN must take the call: ONEDNN_MAX_CPU_ISA below AMX (AVX2, say) makes brgemm raise, so
-    // there the tiles count as absent and the blocks stay on minisgl's own kernels.
-    const bool amx = cpu_has("amx_tile") && at::cpu::init_amx();
-    return Engines{cpu_has_avx512_bf16(),
-                   amx && cpu_has("amx_bf16") && brgemm_runs<at::BFloat16, at::BFloat16, float>(),
-                   amx && cpu_has("amx_fp16") && brgemm_runs<at::Half, at::Half, float>(),
-                   amx && cpu_has("amx_int8") && brgemm_runs<uint8_t, int8_t, int32_t>()};
+    // oneDNN, which multiplies on them for minisgl (brgemm), must be allowed to: ONEDNN_MAX_CPU_ISA
+    // below AMX keeps it off them (below AVX-512 its brgemm raises), and then the blocks stay on
+    // minisgl's own kernels. features.py's _onednn_may_use_amx reads the variable the same way.
+    const char* cap_env = std::getenv("ONEDNN_MAX_CPU_ISA");
+    std::string cap = cap_env ? cap_env : "";
+    std::transform(cap.begin(), cap.end(), cap.begin(), [](unsigned char c) { return std::toupper(c); });
+    const bool onednn_amx = cap.empty() || cap == "DEFAULT" || cap == "ALL" || cap.find("AMX") != std::string::npos;
+    const bool amx = onednn_amx && cpu_has("amx_tile") && at::cpu::init_amx();
+    return Engines{cpu_has_avx512_bf16(), amx && cpu_has("amx_bf16"), amx && cpu_has("amx_fp16"),
+                   amx && cpu_has("amx_int8")};
   }();
   return e;
 }

@@ -11,6 +11,7 @@ engine that will multiply them, and the tests skip, by name, the paths this CPU 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -74,9 +75,17 @@ def cpu_features() -> frozenset[str]:
         if torch_caps.get(torch_name, False) and (flags is None or name in flags)
     }
     amx = {"amx_bf16", "amx_fp16", "amx_int8"}
-    if amx & found and not torch._C._cpu._init_amx():
+    if amx & found and not (_onednn_may_use_amx() and torch._C._cpu._init_amx()):
         found -= amx
     return frozenset(found)
+
+
+def _onednn_may_use_amx() -> bool:
+    """False where ONEDNN_MAX_CPU_ISA holds oneDNN below AMX (AVX2, AVX512_CORE_BF16, ...): its
+    brgemm, the only way minisgl reaches the tiles, then does not use them (below AVX-512 it raises),
+    and the C++ side (common.h's engines) reads the variable the same way."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return cap in ("", "DEFAULT", "ALL") or "AMX" in cap
 
 
 def vnni_gemm_engine(dtype: torch.dtype) -> str | None:
