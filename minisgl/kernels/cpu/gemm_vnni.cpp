@@ -23,12 +23,15 @@ constexpr int64_t CHUNK_M = 128;  // rows per unit of work, as in gemm.cpp and g
 // out[r, 0:32] = rows [0, ROWS) of A times one panel + bias, rounded to bf16.
 template <int ROWS>
 MINISGL_AVX512_BF16 void tile_dpbf16_store(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
-                                           at::BFloat16* C, int64_t ldc, const at::BFloat16* bias) {
+                                           at::BFloat16* C, int64_t ldc, const at::BFloat16* bias, const char* next) {
   const __m512 b0 = bias ? bf16_to_f32(bias) : _mm512_setzero_ps();
   const __m512 b1 = bias ? bf16_to_f32(bias + 16) : _mm512_setzero_ps();
-  tile_dpbf16<ROWS>(A, lda, panel, K, b0, b1, [&](int r, __m512 lo, __m512 hi) MINISGL_AVX512_BF16 {
-    _mm512_storeu_si512(C + r * ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-  });
+  tile_dpbf16<ROWS>(
+      A, lda, panel, K, b0, b1,
+      [&](int r, __m512 lo, __m512 hi) MINISGL_AVX512_BF16 {
+        _mm512_storeu_si512(C + r * ldc, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      },
+      next);
 }
 
 // out[m, 0:32] = scratch[m, 0:32] + bias, rounded to bf16 or fp16, for the brgemm path.
@@ -79,9 +82,13 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                                           A + r0 * lda, panel, scratch);
               store_scratch(scratch, rows, out, N, panel_bias);
             } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+              // A unit's panels are consecutive: a tile of few rows prefetches the next one.
+              const char* next = rows <= DPBF16_PREFETCH_ROWS && nb + 1 < nb1
+                                     ? reinterpret_cast<const char*>(panel + K * VNNI_BLOCK_N)
+                                     : nullptr;
               for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
                 with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
-                  tile_dpbf16_store<R>(A + (r0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias);
+                  tile_dpbf16_store<R>(A + (r0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias, next);
                 });
               }
             }

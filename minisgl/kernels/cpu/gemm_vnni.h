@@ -25,6 +25,11 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
+// Up to this many rows a vdpbf16ps tile prefetches the next panel (gemm.h's PREFETCH_ROWS is 2 for
+// the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers from DRAM
+// (bench_gguf_gemm.py) took 11.9 ms at 1 row with it against 12.0 without, and with it 3 and 4 rows
+// took 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows that CPU uses its tiles.
+constexpr int64_t DPBF16_PREFETCH_ROWS = 4;
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
 MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
@@ -34,10 +39,12 @@ MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
 // Rows [0, ROWS) of A[ROWS, K] times one panel, by vdpbf16ps, starting from (init0, init1) in every
 // row; then store(r, lo, hi) for each row with its 32 float32 results (columns 0-15 and 16-31). Every
 // k-step loads one 32-bit pair of A per row (broadcast to all lanes) and the panel's 64 values for
-// that pair. The store is inlined after the loop, so the accumulators stay in registers.
+// that pair. The store is inlined after the loop, so the accumulators stay in registers. Unless
+// `next` is null, each k-step also prefetches the same k-step of the next panel (gemm.h's tile does
+// the same, and for the same reason: one or two rows wait on the weights alone).
 template <int ROWS, typename Store>
 MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
-                                            __m512 init0, __m512 init1, Store&& store) {
+                                            __m512 init0, __m512 init1, Store&& store, const char* next = nullptr) {
   __m512 c0[ROWS], c1[ROWS];
 #pragma GCC unroll 8
   for (int r = 0; r < ROWS; ++r) {
@@ -47,6 +54,10 @@ MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, 
   for (int64_t k2 = 0; k2 < K / 2; ++k2) {
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + k2 * 2 * VNNI_BLOCK_N + VNNI_BLOCK_N);
+    if (next) {  // into L2 (T1), 128 bytes: the k-pair's 64 values
+      _mm_prefetch(next + k2 * 4 * VNNI_BLOCK_N, _MM_HINT_T1);
+      _mm_prefetch(next + k2 * 4 * VNNI_BLOCK_N + 64, _MM_HINT_T1);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < ROWS; ++r) {
       int32_t pair;
