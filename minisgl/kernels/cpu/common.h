@@ -160,26 +160,6 @@ inline bool cpu_has_avx512_bf16() {
   return has;
 }
 
-// Whether oneDNN's brgemm ukernel runs here for A x B -> C: torch 2.13's at::native::cpublas::brgemm
-// calls it wherever oneDNN's device check passes (AVX-512 on the CPUs seen so far, AMX or not) and
-// raises otherwise. Asked once per type, by one tiny call.
-template <typename A, typename B, typename C>
-bool brgemm_runs() {
-  static const bool runs = [] {
-    alignas(64) A a[4] = {};
-    alignas(64) B b[4 * 16] = {};  // K = 4 by N = 16, in the VNNI layout (pairs or quads of K)
-    alignas(64) C c[16];
-    try {
-      at::native::cpublas::brgemm(1, 16, 4, 4, 16, 16, /*add_C=*/false, a, b, c);
-      at::native::cpublas::brgemm_release();
-      return true;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return runs;
-}
-
 // The matrix engines of this CPU, for the GEMMs (gemm_vnni.cpp, gemm_int8_vnni.cpp) and the fused MoE.
 struct Engines {
   bool avx512_bf16, amx_bf16, amx_fp16, amx_int8;
@@ -201,6 +181,26 @@ inline const Engines& engines() {
                    amx && cpu_has("amx_int8")};
   }();
   return e;
+}
+
+// Whether oneDNN's brgemm ukernel runs here for A x B -> C: torch 2.13's at::native::cpublas::brgemm
+// calls it wherever oneDNN's device check passes (AVX-512 on the CPUs seen so far, AMX or not) and
+// raises otherwise. Asked once per type, by one tiny call.
+template <typename A, typename B, typename C>
+bool brgemm_runs() {
+  static const bool runs = [] {
+    alignas(64) A a[4] = {};
+    alignas(64) B b[4 * 16] = {};  // K = 4 by N = 16, in the VNNI layout (pairs or quads of K)
+    alignas(64) C c[16];
+    try {
+      at::native::cpublas::brgemm(1, 16, 4, 4, 16, 16, /*add_C=*/false, a, b, c);
+      at::native::cpublas::brgemm_release();
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return runs;
 }
 
 // Whether blocks of more than 4 rows go to at::native::cpublas::brgemm, given whether this CPU has

@@ -60,8 +60,8 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 // Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the
 // float32 and int8 GEMMs do). Within a unit each panel meets all of the chunk's rows, 32 at a time,
 // before the next panel, so a weight is read from memory once per chunk: with row blocks outermost
-// (each thread its own rows, every panel) both threads streamed the whole weight, and a 64-row
-// decode step's GEMMs over SmolLM2's 30 layers took 48 ms instead of 38 on a 2-core Xeon with AMX.
+// (each thread its own rows, every panel) both threads streamed the whole weight, and SmolLM2's
+// 30 layers at 64 rows took 48 ms instead of 21 on AMX (a 2-core Xeon; bench_gguf_gemm.py).
 // A thread's units share its AMX tile configuration, which it releases when done (sgl-kernel does
 // the same per parallel_2d range).
 template <typename scalar_t>
