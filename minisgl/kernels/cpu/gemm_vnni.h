@@ -27,8 +27,9 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 constexpr int DPBF16_ROWS = 8;
 // Up to this many rows a vdpbf16ps tile prefetches the next panel (gemm.h's PREFETCH_ROWS is 2 for
 // the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers from DRAM
-// (bench_gguf_gemm.py) took 11.9 ms at 1 row with it against 12.0 without, and with it 3 and 4 rows
-// took 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows that CPU uses its tiles.
+// (bench_gguf_gemm.py): 1 row about level with the FMA panels with it (11.9 against 12.1 ms; without,
+// 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows
+// that CPU uses its AMX tiles.
 constexpr int64_t DPBF16_PREFETCH_ROWS = 4;
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
