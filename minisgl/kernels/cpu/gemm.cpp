@@ -10,9 +10,9 @@
 //
 // Why not oneDNN, which minisgl used before: in decode a GEMM has few rows (one per running
 // request) and its weights come from DRAM, not cache. oneDNN leaves the FMA units idle while the
-// weights arrive. Here, while a tile of one or two rows multiplies panel j, it prefetches panel j + 1
-// into L2, spread evenly over its k-steps, so loading the next panel overlaps computing this one
-// (with more rows the FMAs take long enough for the hardware prefetcher: gemm.h, PREFETCH_ROWS).
+// weights arrive. Here, while a tile of a few rows multiplies panel j, it prefetches panel j + 1 into
+// L2, spread evenly over its k-steps, so loading the next panel overlaps computing this one (how many
+// rows "a few" is depends on the CPU's hardware prefetcher: gemm.h, prefetch_rows).
 //
 // Weights are kept in the model's dtype: a bf16 or fp16 panel is widened to float32 in registers as
 // it is read (exact: every bf16 and fp16 value is a float32 value), so a 16-bit model streams half
@@ -33,12 +33,6 @@ namespace {
 // still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
 // too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
-// Up to this many rows (a decode batch of a few requests) a call only streams its weights from DRAM,
-// and each thread takes one contiguous half of the panels instead of for_each_unit's small units:
-// one long stream per core keeps its hardware prefetcher running, where every unit started a new
-// one. Alternated with the units over SmolLM2's 120 float32 GEMMs at one row, weights from memory,
-// on an AVX-512 AMD EPYC: 4-18% less time in each of five comparisons (bf16 panels and 4 rows too).
-constexpr int64_t STREAM_ROWS = 4;
 
 // Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB, each panel prefetching the next.
 template <typename w_t, typename out_t>
@@ -116,11 +110,7 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
       const auto rows = [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
       };
-      if (M <= STREAM_ROWS) {  // one contiguous run of panels per thread
-        at::parallel_for(0, NB, 1, [&](int64_t nb0, int64_t nb1) { rows(0, M, nb0, nb1); });
-      } else {
-        for_each_unit(M, NB, CHUNK_M, rows);
-      }
+      for_each_gemm_run(M, NB, CHUNK_M, rows);
     });
   });
   return out;

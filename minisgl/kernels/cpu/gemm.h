@@ -25,18 +25,6 @@ inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
   return {load_float(p), load_float(p + VLEN)};
 }
 
-// Stores BLOCK_N float32 results as out_t: a 16-bit output is rounded (to nearest even, as .to()
-// does) straight from the registers, with the conversion store_row (common.h) uses.
-template <typename out_t>
-inline void store_panel_row(out_t* dst, fVec lo, fVec hi) {
-  if constexpr (std::is_same_v<out_t, float>) {
-    lo.store(dst);
-    hi.store(dst + VLEN);
-  } else {
-    at::vec::convert_from_float<out_t>(lo, hi).store(dst);
-  }
-}
-
 // C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
 // accumulators are registers. Meanwhile, unless `next` is null, k-step k prefetches the 128 bytes
 // at the same k-step of the next panel (see gemm_panel). Kept out of line: inlined into gemm_rows,
@@ -67,27 +55,33 @@ __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, cons
     }
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < ROWS; ++i) store_panel_row(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
+  for (int i = 0; i < ROWS; ++i) store_float2(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
 }
 
 // Up to this many rows a tile prefetches the next panel. One or two rows wait on the weights alone,
-// and the prefetch hides the next panel's DRAM latency. With more, the measurements below say the
-// requests only got in the way; the likely reason, not checked with counters, is that the FMAs
-// then leave the hardware prefetcher time to keep up on its own. SmolLM2's 120 float32 GEMMs,
-// weights from DRAM, with and without, alternated in one process on an AVX-512 AMD EPYC: 1 row
-// 6-10% faster with it, 2 rows from 2% slower to 4% faster; without it, 3 rows 8% faster, 4 rows
-// 0-9%, 6 and 8 rows 9-20%, 12 rows 11%, 32 and 128 rows within 1%.
-constexpr int64_t PREFETCH_ROWS = 2;
+// and the prefetch hides the next panel's DRAM latency. With more, it depends on the CPU, so the
+// number is chosen at run time by vendor. SmolLM2's 120 float32 GEMMs, weights from DRAM, with and
+// without, alternated in one process:
+// - on an AVX-512 AMD EPYC: 1 row 6-10% faster with it, 2 rows from 2% slower to 4% faster; without
+//   it, 3 rows 8% faster, 4 rows 0-9%, 6 and 8 rows 9-20%, 12 rows 11%, 32 and 128 rows within 1%
+//   (the likely reason, not checked with counters: the FMAs leave its hardware prefetcher time to
+//   keep up on its own);
+// - on a 2-core Intel Xeon with AMX (Emerald Rapids): 3 rows 25.7 -> 19.9 ms with it, 4 rows
+//   29.4 -> 20.3 (1 and 2 rows 18.9 and 19.9 either way), so Intel CPUs prefetch up to 4 rows.
+inline int64_t prefetch_rows() {
+  static const int64_t rows = __builtin_cpu_is("intel") ? 4 : 2;
+  return rows;
+}
 
 // C[rows, BLOCK_N] = A[rows, K] times one panel + bias, in tiles of nearly equal height (64 rows
-// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= PREFETCH_ROWS, the tile prefetches `next`, the
+// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the tile prefetches `next`, the
 // panel to be multiplied after this one (none if null), so that it is in L2 once this one is done.
 template <typename w_t, typename out_t>
 void gemm_panel(const float* A, int64_t lda, const w_t* panel, int64_t K, out_t* C, int64_t ldc, const out_t* bias,
                 int64_t rows, const w_t* next) {
   const int64_t tiles = (rows + MAX_ROWS - 1) / MAX_ROWS;
-  // rows <= PREFETCH_ROWS is one tile, which prefetches the whole next panel.
-  const char* ahead = next && rows <= PREFETCH_ROWS ? reinterpret_cast<const char*>(next) : nullptr;
+  // rows <= prefetch_rows() is one tile, which prefetches the whole next panel.
+  const char* ahead = next && rows <= prefetch_rows() ? reinterpret_cast<const char*>(next) : nullptr;
   int64_t m = 0;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t height = (rows - m + (tiles - t) - 1) / (tiles - t);

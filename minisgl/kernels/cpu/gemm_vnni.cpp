@@ -58,16 +58,17 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 }
 
 // Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the
-// float32 and int8 GEMMs do). Within a unit each panel meets all of the chunk's rows, 32 at a time,
-// before the next panel, so a weight is read from memory once per chunk: with row blocks outermost
-// (each thread its own rows, every panel) both threads streamed the whole weight, and SmolLM2's
-// 30 layers at 64 rows took 48 ms instead of 21 on AMX (a 2-core Xeon; bench_gguf_gemm.py).
-// A thread's units share its AMX tile configuration, which it releases when done (sgl-kernel does
-// the same per parallel_2d range).
+// float32 and int8 GEMMs do), or up to STREAM_ROWS rows one run of panels per thread
+// (for_each_gemm_run). Within a unit each panel meets all of the chunk's rows, 32 at a time, before
+// the next panel, so a weight is read from memory once per chunk: with row blocks outermost (each
+// thread its own rows, every panel) both threads streamed the whole weight, and SmolLM2's 30 layers
+// at 64 rows took 48 ms instead of 21 on AMX (a 2-core Xeon; bench_gguf_gemm.py). A thread's units
+// share its AMX tile configuration, which it releases when done (sgl-kernel does the same per
+// parallel_2d range).
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
                int64_t N, int64_t K, bool use_brgemm) {
-  for_each_unit(
+  for_each_gemm_run(
       M, N / VNNI_BLOCK_N, CHUNK_M,
       [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         alignas(64) float scratch[VNNI_BLOCK_M * VNNI_BLOCK_N];

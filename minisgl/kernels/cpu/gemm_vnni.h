@@ -25,7 +25,7 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
-// Up to this many rows a vdpbf16ps tile prefetches the next panel (gemm.h's PREFETCH_ROWS is 2 for
+// Up to this many rows a vdpbf16ps tile prefetches the next panel (gemm.h's prefetch_rows() for
 // the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers from DRAM
 // (bench_gguf_gemm.py): 1 row about level with the FMA panels with it (11.9 against 12.1 ms; without,
 // 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows

@@ -9,19 +9,38 @@
 namespace minisgl {
 namespace {
 
+// One head's rotation, 16 lanes at a time (a 16-bit head widened in registers and rounded once, on
+// the store); the rest of a half that is not a multiple of 16 goes one value at a time. Scalar code
+// with static_cast conversions took 76 us on 64 bf16 tokens of SmolLM2 (2-core Xeon), against 16 us
+// for float32, whose loop the compiler vectorizes.
 template <typename scalar_t>
 void rotate_heads(const scalar_t* x, int64_t head_stride, int64_t heads, int64_t head_size, int64_t half,
                   const float* cos, const float* sin, scalar_t* out) {
+  using fVec = at::vec::Vectorized<float>;
+  constexpr int64_t W = fVec::size();
+  const auto store = [](scalar_t* dst, const fVec& v) {
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      v.store(dst);
+    } else {
+      at::vec::convert_from_float<scalar_t>(v, v).store(dst, W);
+    }
+  };
   for (int64_t h = 0; h < heads; ++h) {
     const scalar_t* xi = x + h * head_stride;
     scalar_t* oi = out + h * head_size;
-    _Pragma("omp simd")
-    for (int64_t i = 0; i < half; ++i) {
+    int64_t i = 0;
+    for (; i + W <= half; i += W) {
+      const fVec x1 = load_float(xi + i), x2 = load_float(xi + i + half);
+      const fVec c = fVec::loadu(cos + i), s = fVec::loadu(sin + i);
+      store(oi + i, x1 * c - x2 * s);
+      store(oi + i + half, x2 * c + x1 * s);
+    }
+    for (; i < half; ++i) {
       const float x1 = static_cast<float>(xi[i]), x2 = static_cast<float>(xi[i + half]);
       oi[i] = static_cast<scalar_t>(x1 * cos[i] - x2 * sin[i]);
       oi[i + half] = static_cast<scalar_t>(x2 * cos[i] + x1 * sin[i]);
     }
-    for (int64_t i = 2 * half; i < head_size; ++i) oi[i] = xi[i];  // partial rotary: the rest passes through
+    for (int64_t j = 2 * half; j < head_size; ++j) oi[j] = xi[j];  // partial rotary: the rest passes through
   }
 }
 
