@@ -291,10 +291,11 @@ def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_matches_forward_native(dtype):
-    norm = RMSNorm(576, eps=1e-5).to(dtype)
-    norm.weight.data = torch.randn(576).to(dtype)
-    x, res = torch.randn(37, 576).to(dtype), torch.randn(37, 576).to(dtype)
+@pytest.mark.parametrize("d", [576, 45])  # 45: one step of 32 values, then 13 one by one
+def test_rmsnorm_matches_forward_native(dtype, d):
+    norm = RMSNorm(d, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(d).to(dtype)
+    x, res = torch.randn(37, d).to(dtype), torch.randn(37, d).to(dtype)
     torch.testing.assert_close(
         ops.rmsnorm_cpu(x, norm.weight, 1e-5), norm.forward_native(x), atol=TOLERANCE[dtype], rtol=0
     )
@@ -336,7 +337,7 @@ def test_silu_and_mul_matches_torch(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("rotary_dim", [64, 48, 32])  # 48: a half of 24, one AVX-512 vector and 8 one by one
 def test_rotary_embedding_matches_forward_native(dtype, rotary_dim):
     rope = get_rope(64, rotary_dim, 512, 10000.0)
     qkv = torch.randn(19, (9 + 2 * 3) * 64).to(dtype)
