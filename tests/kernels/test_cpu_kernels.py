@@ -291,7 +291,7 @@ def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("d", [576, 45])  # 45: one step of 32 values, then 13 one by one
+@pytest.mark.parametrize("d", [576, 45])  # 45: whole steps of two vectors, then the rest one by one
 def test_rmsnorm_matches_forward_native(dtype, d):
     norm = RMSNorm(d, eps=1e-5).to(dtype)
     norm.weight.data = torch.randn(d).to(dtype)
@@ -337,7 +337,7 @@ def test_silu_and_mul_matches_torch(dtype, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rotary_dim", [64, 48, 32])  # 48: a half of 24, one AVX-512 vector and 8 one by one
+@pytest.mark.parametrize("rotary_dim", [64, 48, 32])  # 48: a half of 24, with AVX-512 one vector and 8 one by one
 def test_rotary_embedding_matches_forward_native(dtype, rotary_dim):
     rope = get_rope(64, rotary_dim, 512, 10000.0)
     qkv = torch.randn(19, (9 + 2 * 3) * 64).to(dtype)
