@@ -130,16 +130,17 @@ def test_vnni_weight_is_refused_by_name_where_its_engine_is_missing(dtype, featu
         ops.weight_packed_linear(torch.randn(3, 64).to(dtype), packed, None)
 
 
-def check_vnni_gemm(dtype, rows, with_bias):
+def check_vnni_gemm(dtype, rows, with_bias, k=70):
     g = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 70, generator=g).to(dtype)
+    weight = torch.randn(96, k, generator=g).to(dtype)
     bias = torch.randn(96, generator=g).to(dtype) if with_bias else None
-    x = torch.randn(rows, 80, generator=g).to(dtype)[:, 3:73]  # a strided view, as a split QKV output is
+    x = torch.randn(rows, k + 10, generator=g).to(dtype)[:, 3 : k + 3]  # a strided view, as a split QKV output is
     y = ops.weight_packed_linear(x, ops.convert_weight_packed_vnni(weight), bias)
     ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
     assert y.dtype == dtype and y.shape == (rows, 96)
     # float32 accumulation of exact 16-bit products, rounded once as it is stored
     torch.testing.assert_close(y.double(), ref, atol=0.2 if dtype == torch.bfloat16 else 2e-2, rtol=2e-2)
+    return y
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 31, 32, 33, 100])  # tile, brgemm and row-block edges
@@ -156,6 +157,19 @@ def test_bf16_brgemm_matches_float64(rows, monkeypatch):
     takes it on any avx512_bf16 CPU (oneDNN then multiplies with vdpbf16ps instead of AMX tiles)."""
     force_brgemm(monkeypatch, torch.bfloat16)
     check_vnni_gemm(torch.bfloat16, rows, True)
+
+
+@pytest.mark.parametrize("rows", [5, 16, 17, 33, 47, 130])  # one or two 16-row tiles, padded tails, two chunks
+@pytest.mark.parametrize("k", [64, 192])  # whole tile rows of K (32 values); other K stays on brgemm
+def test_bf16_amx_tiles_match_float64_and_brgemm_bitwise(rows, k, monkeypatch):
+    """minisgl's own AMX tiles (gemm_amx.h), the default on a CPU with amx_bf16: against float64, and
+    bit for bit against oneDNN's brgemm (MINISGL_BRGEMM=1), which multiplies the same tiles in the
+    same order. A short last group of rows comes from a zero-padded copy, so none is read past x."""
+    needs("amx_bf16")
+    monkeypatch.delenv("MINISGL_BRGEMM", raising=False)
+    ours = check_vnni_gemm(torch.bfloat16, rows, True, k)
+    monkeypatch.setenv("MINISGL_BRGEMM", "1")
+    assert torch.equal(ours, check_vnni_gemm(torch.bfloat16, rows, True, k))
 
 
 # Every kernel with a brgemm path, at 8 rows (blocks of more than 4 rows go to brgemm when it is on).
@@ -181,11 +195,14 @@ test_extend_attention_matches_sdpa(torch.bfloat16, torch.bfloat16, [0, 17], [40,
 """
 
 
-def brgemm_calls_seen(mode: str) -> set[tuple[str, str]]:
-    """oneDNN's own log (ONEDNN_VERBOSE) of the brgemm calls BRGEMM_CALLS made: (A's type, MxK:KxN)."""
-    env = {**os.environ, "MINISGL_BRGEMM": mode, "ONEDNN_VERBOSE": "all"}
+def brgemm_calls_seen(mode: str | None, code: str = BRGEMM_CALLS) -> set[tuple[str, str]]:
+    """oneDNN's own log (ONEDNN_VERBOSE) of the brgemm calls ``code`` made: (A's type, MxK:KxN).
+    mode: MINISGL_BRGEMM's value, None for unset."""
+    env = {k: v for k, v in os.environ.items() if k != "MINISGL_BRGEMM"} | {"ONEDNN_VERBOSE": "all"}
+    if mode is not None:
+        env["MINISGL_BRGEMM"] = mode
     result = subprocess.run(
-        [sys.executable, "-c", BRGEMM_CALLS], env=env, capture_output=True, text=True, cwd=Path(__file__).parents[2]
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=Path(__file__).parents[2]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     fields = [line.split(",") for line in (result.stdout + result.stderr).splitlines()]
@@ -207,6 +224,25 @@ def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     assert ("bf16", "128x32") in on  # extend attention's Q . K^T: a head of 128 by a block of 32 keys
     assert ("bf16", "32x128") in on  # and its p . v: a block of 32 keys by a head of 128
     assert brgemm_calls_seen("0") == set()
+
+
+DENSE_BF16 = """
+import torch
+from minisgl.kernels.cpu import is_available
+assert is_available()
+ops = torch.ops.minisgl_kernel
+for k in (64, 80):
+    packed = ops.convert_weight_packed_vnni(torch.randn(32, k).bfloat16())
+    ops.weight_packed_linear(torch.randn(8, k).bfloat16(), packed, None)
+"""
+
+
+def test_dense_bf16_gemm_takes_its_own_tiles_on_amx():
+    """On a CPU with amx_bf16 the dense bf16 GEMM multiplies on its own tiles: oneDNN logs no brgemm
+    call for K = 64; K = 80 (not whole tile rows) still goes to brgemm, and MINISGL_BRGEMM=1 sends both."""
+    needs("amx_bf16")
+    assert brgemm_calls_seen(None, DENSE_BF16) == {("bf16", "80x32")}
+    assert brgemm_calls_seen("1", DENSE_BF16) >= {("bf16", "64x32"), ("bf16", "80x32")}  # beside brgemm_runs' probe
 
 
 def test_minisgl_brgemm_refuses_other_values(monkeypatch):

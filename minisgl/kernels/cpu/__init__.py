@@ -80,6 +80,7 @@ _HEADERS = [
     "attention.h",
     "gemm.h",
     "gemm_vnni.h",
+    "gemm_amx.h",
     "gemm_int8_vnni.h",
     "moe.h",
     "gguf_blocks.h",

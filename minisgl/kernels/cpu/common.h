@@ -201,12 +201,13 @@ bool brgemm_runs() {
   return runs;
 }
 
-// Whether blocks of more than 4 rows go to at::native::cpublas::brgemm, given whether this CPU has
-// the AMX tiles for the dtype (`amx`; `int8`: u8 x s8, else bf16): by default exactly then, as
-// sgl-kernel decides. The environment variable MINISGL_BRGEMM=1 sends them there on any CPU whose
+// Whether blocks of more than 4 rows take the AMX path, at::native::cpublas::brgemm (the dense bf16
+// GEMM: minisgl's own AMX tiles, gemm_amx.h, unless brgemm_asked()), given whether this CPU has the
+// AMX tiles for the dtype (`amx`; `int8`: u8 x s8, else bf16): by default exactly then, as
+// sgl-kernel decides. The environment variable MINISGL_BRGEMM=1 sends them to brgemm on any CPU whose
 // oneDNN runs brgemm without the tiles, with its AVX-512 (vdpbf16ps, vpdpbusd) code: that is how a
 // machine without AMX runs, and tests, every line of the AMX path but the tile instructions, and how
-// the two are timed side by side (MINISGL_BRGEMM=0 keeps an AMX CPU on minisgl's own tiles).
+// the two are timed side by side (MINISGL_BRGEMM=0 keeps an AMX CPU on minisgl's register tiles).
 // Read on every call, so that a test can switch it; getenv costs well under a microsecond.
 inline bool use_brgemm(bool amx, bool int8 = false) {
   const char* value = std::getenv("MINISGL_BRGEMM");
@@ -218,6 +219,14 @@ inline bool use_brgemm(bool amx, bool int8 = false) {
   TORCH_CHECK(amx || runs, "MINISGL_BRGEMM=1, but oneDNN's brgemm does not take ", int8 ? "u8 x s8" : "bf16",
               " on this CPU (it needs AVX-512 there; ONEDNN_MAX_CPU_ISA may hold oneDNN below it)");
   return true;
+}
+
+// Whether MINISGL_BRGEMM=1 names oneDNN's brgemm: the bf16 GEMM then takes it on an AMX CPU too,
+// instead of its own tiles (gemm_amx.h), so that the two can be timed side by side. use_brgemm has
+// checked the value by then.
+inline bool brgemm_asked() {
+  const char* value = std::getenv("MINISGL_BRGEMM");
+  return value != nullptr && value[0] == '1';
 }
 
 // Calls fn(u) for every u in [0, units), on all threads at once in one parallel region, each thread

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "gemm_amx.h"
 #include "gemm_vnni.h"
 
 namespace minisgl {
@@ -63,21 +64,49 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 // the next panel, so a weight is read from memory once per chunk: with row blocks outermost (each
 // thread its own rows, every panel) both threads streamed the whole weight, and SmolLM2's 30 layers
 // at 64 rows took 48 ms instead of 21 on AMX (a 2-core Xeon; bench_gguf_gemm.py). A thread's units
-// share its AMX tile configuration, which it releases when done (sgl-kernel does the same per
-// parallel_2d range).
+// share brgemm's tile configuration, which it releases when done (sgl-kernel does the same per
+// parallel_2d range); minisgl's own tiles (amx_tiles) are configured once per unit.
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
-               int64_t N, int64_t K, bool use_brgemm) {
+               int64_t N, int64_t K, bool use_brgemm, bool amx_tiles) {
   for_each_gemm_run(
       M, N / VNNI_BLOCK_N, CHUNK_M,
       [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         alignas(64) float scratch[VNNI_BLOCK_M * VNNI_BLOCK_N];
+        // With the tiles, a short last group (fewer than 16 rows) is multiplied from a zero-padded copy.
+        static thread_local std::vector<at::BFloat16> padded;
+        const int64_t tail = (m1 - m0) % AMX_TILE_ROWS, tail_row = m1 - tail;
+        if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+          if (amx_tiles) {
+            configure_amx_tiles();
+            if (tail) {
+              padded.assign(AMX_TILE_ROWS * K, at::BFloat16(0.f));
+              for (int64_t r = 0; r < tail; ++r) std::copy_n(A + (tail_row + r) * lda, K, padded.data() + r * K);
+            }
+          }
+        }
         for (int64_t nb = nb0; nb < nb1; ++nb) {
           const scalar_t* panel = B + nb * K * VNNI_BLOCK_N;
           const scalar_t* panel_bias = bias ? bias + nb * VNNI_BLOCK_N : nullptr;
           for (int64_t r0 = m0; r0 < m1; r0 += VNNI_BLOCK_M) {
             const int64_t rows = std::min(VNNI_BLOCK_M, m1 - r0);
             scalar_t* out = C + r0 * N + nb * VNNI_BLOCK_N;
+            if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+              if (amx_tiles) {
+                // Group g of 16 rows: from A, or from the padded copy if it is the short last group.
+                const int groups = rows > AMX_TILE_ROWS ? 2 : 1;
+                const at::BFloat16* a[2] = {};
+                int64_t ld[2] = {};
+                for (int g = 0; g < groups; ++g) {
+                  const bool short_group = tail && r0 + g * AMX_TILE_ROWS == tail_row;
+                  a[g] = short_group ? padded.data() : A + (r0 + g * AMX_TILE_ROWS) * lda;
+                  ld[g] = short_group ? K : lda;
+                }
+                groups == 2 ? tile_amx_bf16<2>(a, ld, panel, K, scratch) : tile_amx_bf16<1>(a, ld, panel, K, scratch);
+                store_scratch(scratch, rows, out, N, panel_bias);
+                continue;
+              }
+            }
             if (use_brgemm) {
               at::native::cpublas::brgemm(rows, VNNI_BLOCK_N, K, lda, VNNI_BLOCK_N, VNNI_BLOCK_N, /*add_C=*/false,
                                           A + r0 * lda, panel, scratch);
@@ -97,6 +126,7 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
         }
       },
       [&] {
+        if (amx_tiles) release_amx_tiles();
         if (use_brgemm) at::native::cpublas::brgemm_release();
       });
 }
@@ -146,11 +176,14 @@ at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& m
               dtype == at::kBFloat16 ? "avx512_bf16" : "amx_fp16",
               ", which this CPU lacks (pack it with convert_weight_packed instead)");
   const bool brgemm = dtype == at::kBFloat16 ? use_brgemm(e.amx_bf16) && M > 4 : true;
+  // bf16 blocks meant for AMX go to minisgl's own tiles (gemm_amx.h), unless MINISGL_BRGEMM=1 names
+  // oneDNN's brgemm or K is not a whole number of tile rows.
+  const bool tiles = dtype == at::kBFloat16 && brgemm && e.amx_bf16 && !brgemm_asked() && K % AMX_BLOCK_K == 0;
   const at::Tensor a = mat1.stride(1) == 1 ? mat1 : mat1.contiguous();
   at::Tensor out = at::empty({M, N}, mat1.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dtype, "weight_packed_linear_vnni", [&] {
     vnni_gemm<scalar_t>(a.data_ptr<scalar_t>(), a.stride(0), mat2.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                        bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr, M, N, K, brgemm);
+                        bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr, M, N, K, brgemm && !tiles, tiles);
   });
   return out;
 }

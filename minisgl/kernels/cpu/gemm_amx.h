@@ -1,0 +1,88 @@
+// The bf16 GEMM's block on AMX, written with the tile instructions themselves, for weights packed in
+// the VNNI layout (gemm_vnni.h). sgl-kernel hands such blocks to oneDNN's brgemm ukernel
+// (at::native::cpublas::brgemm, as minisgl did before); here the same multiply is a loop of eight
+// instructions the reader can see, the tiles are configured once per unit of work instead of a
+// kernel being looked up in oneDNN's cache on every call, and the results are bitwise those of brgemm.
+//
+// AMX holds 8 tile registers of up to 16 rows x 64 bytes. One configuration serves every tile here,
+// 16 rows x 64 bytes:
+//   tiles 0-3: a 32 x 32 block of float32 results, as 2 x 2 tiles of 16 x 16;
+//   tiles 4-5: 16 rows of A each, 32 bf16 values of K per row;
+//   tiles 6-7: 16 k-pairs of a panel each, 16 columns x 2 values per row. That is the panel's own
+//              layout, [K / 2][32][2], read with a row stride of 128 bytes, columns 0-15 or 16-31.
+// _tile_dpbf16ps(C, A, B) adds A (16 x 32) times B (32 x 16, in pairs) into C: 16 x 16 x 32
+// multiply-adds per instruction, against vdpbf16ps's 32.
+#pragma once
+
+#include "gemm_vnni.h"
+
+namespace minisgl {
+
+#define MINISGL_AMX_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+// K per step of the tile loop: one row of an A tile (64 bytes of bf16).
+constexpr int64_t AMX_BLOCK_K = 32;
+// Rows per A tile; a block of VNNI_BLOCK_M rows is two of them.
+constexpr int64_t AMX_TILE_ROWS = 16;
+
+// The 64-byte operand of ldtilecfg (Intel SDM, "TILECFG"): palette 1, then the bytes per row and
+// the rows of each tile.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// All 8 tiles as 16 rows x 64 bytes, on this thread, until release_amx_tiles. The process already
+// has the kernel's permission to use them (engines() asks for it through at::cpu::init_amx).
+MINISGL_AMX_BF16 inline void configure_amx_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = AMX_TILE_ROWS;
+  }
+  // Not _tile_loadconfig: GCC 12's names only the first 8 bytes of its operand as read, drops the
+  // stores of the rest as dead, and the tiles stay unconfigured (tilezero then faults).
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+MINISGL_AMX_BF16 inline void release_amx_tiles() { _tile_release(); }
+
+// scratch[0:16 RT, 0:32] = A's rows times one panel over K (a multiple of 32), in float32: RT groups
+// of 16 rows, group g from a[g] with row stride lda[g]. A tile always loads 16 rows, so a short last
+// group must come from a zero-padded copy (vnni_gemm keeps one) and never from past the end of A.
+template <int RT>
+MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], const int64_t (&lda)[2],
+                                           const at::BFloat16* panel, int64_t K, float* scratch) {
+  constexpr int64_t kPanelRow = 2 * VNNI_BLOCK_N * sizeof(at::BFloat16);  // one k-pair of 32 columns: 128 bytes
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += AMX_BLOCK_K) {
+    const at::BFloat16* b = panel + k0 * VNNI_BLOCK_N;  // k-pair k0 / 2, column 0
+    _tile_loadd(6, b, kPanelRow);
+    _tile_loadd(7, b + 2 * 16, kPanelRow);  // column 16 of the same k-pairs
+    _tile_loadd(4, a[0] + k0, lda[0] * sizeof(at::BFloat16));
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) {
+      _tile_loadd(5, a[1] + k0, lda[1] * sizeof(at::BFloat16));
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr int64_t ld = VNNI_BLOCK_N * sizeof(float);
+  _tile_stored(0, scratch, ld);
+  _tile_stored(1, scratch + 16, ld);
+  if constexpr (RT == 2) {
+    _tile_stored(2, scratch + AMX_TILE_ROWS * VNNI_BLOCK_N, ld);
+    _tile_stored(3, scratch + AMX_TILE_ROWS * VNNI_BLOCK_N + 16, ld);
+  }
+}
+
+}  // namespace minisgl
