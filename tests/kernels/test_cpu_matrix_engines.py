@@ -226,23 +226,30 @@ def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     assert brgemm_calls_seen("0") == set()
 
 
-DENSE_BF16 = """
+DENSE_GEMMS = """
 import torch
 from minisgl.kernels.cpu import is_available
 assert is_available()
 ops = torch.ops.minisgl_kernel
+x = torch.randn(8, 128).bfloat16()
 for k in (64, 80):
     packed = ops.convert_weight_packed_vnni(torch.randn(32, k).bfloat16())
-    ops.weight_packed_linear(torch.randn(8, k).bfloat16(), packed, None)
+    ops.weight_packed_linear(x[:, :k], packed, None)
+for k in (64, 80):
+    packed = ops.convert_weight_packed_int8_vnni(torch.ones(16, k, dtype=torch.int8))
+    ops.int8_scaled_mm_with_quant(x[:, :k].contiguous(), packed, torch.ones(16), None, torch.bfloat16, True)
 """
 
 
-def test_dense_bf16_gemm_takes_its_own_tiles_on_amx():
-    """On a CPU with amx_bf16 the dense bf16 GEMM multiplies on its own tiles: oneDNN logs no brgemm
-    call for K = 64; K = 80 (not whole tile rows) still goes to brgemm, and MINISGL_BRGEMM=1 sends both."""
+def test_dense_gemms_take_their_own_tiles_on_amx():
+    """On a CPU with amx_bf16 and amx_int8 the dense bf16 and int8 GEMMs multiply on their own tiles:
+    oneDNN logs no brgemm call for K = 64; K = 80 (not whole tile rows) still goes to brgemm, and
+    MINISGL_BRGEMM=1 sends both."""
     needs("amx_bf16")
-    assert brgemm_calls_seen(None, DENSE_BF16) == {("bf16", "80x32")}
-    assert brgemm_calls_seen("1", DENSE_BF16) >= {("bf16", "64x32"), ("bf16", "80x32")}  # beside brgemm_runs' probe
+    needs("amx_int8")
+    assert brgemm_calls_seen(None, DENSE_GEMMS) == {("bf16", "80x32"), ("u8", "80x16")}
+    expected = {("bf16", "64x32"), ("bf16", "80x32"), ("u8", "64x16"), ("u8", "80x16")}
+    assert brgemm_calls_seen("1", DENSE_GEMMS) >= expected  # beside brgemm_runs' probes
 
 
 def test_minisgl_brgemm_refuses_other_values(monkeypatch):

@@ -1,5 +1,5 @@
-// The bf16 GEMM's block on AMX, written with the tile instructions themselves, for weights packed in
-// the VNNI layout (gemm_vnni.h). sgl-kernel hands such blocks to oneDNN's brgemm ukernel
+// The bf16 and W8A8-int8 GEMMs' blocks on AMX, written with the tile instructions themselves, for
+// weights packed in the VNNI layouts (gemm_vnni.h, gemm_int8_vnni.h). sgl-kernel hands such blocks to oneDNN's brgemm ukernel
 // (at::native::cpublas::brgemm, as minisgl did before); here the same multiply is a loop of eight
 // instructions the reader can see, the tiles are configured once per unit of work instead of a
 // kernel being looked up in oneDNN's cache on every call, and the results are bitwise those of brgemm.
@@ -11,17 +11,23 @@
 //   tiles 6-7: 16 k-pairs of a panel each, 16 columns x 2 values per row. That is the panel's own
 //              layout, [K / 2][32][2], read with a row stride of 128 bytes, columns 0-15 or 16-31.
 // _tile_dpbf16ps(C, A, B) adds A (16 x 32) times B (32 x 16, in pairs) into C: 16 x 16 x 32
-// multiply-adds per instruction, against vdpbf16ps's 32.
+// multiply-adds per instruction, against vdpbf16ps's 32. The int8 block is the same with bytes:
+// 64 u8 activations of K per A row, 16 k-quads of a 16-column int8 panel per B tile, and
+// _tile_dpbusd adding 16 x 16 x 64 exact int32 products.
 #pragma once
 
+#include "gemm_int8_vnni.h"
 #include "gemm_vnni.h"
 
 namespace minisgl {
 
+#define MINISGL_AMX_TILE __attribute__((target("amx-tile")))
 #define MINISGL_AMX_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+#define MINISGL_AMX_INT8 __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
 
-// K per step of the tile loop: one row of an A tile (64 bytes of bf16).
+// K per step of the tile loop: one row of an A tile (64 bytes of bf16, or of u8: 16 k-quads).
 constexpr int64_t AMX_BLOCK_K = 32;
+constexpr int64_t AMX_BLOCK_K4 = 16;
 // Rows per A tile; a block of VNNI_BLOCK_M rows is two of them.
 constexpr int64_t AMX_TILE_ROWS = 16;
 
@@ -37,7 +43,7 @@ struct alignas(64) TileConfig {
 
 // All 8 tiles as 16 rows x 64 bytes, on this thread, until release_amx_tiles. The process already
 // has the kernel's permission to use them (engines() asks for it through at::cpu::init_amx).
-MINISGL_AMX_BF16 inline void configure_amx_tiles() {
+MINISGL_AMX_TILE inline void configure_amx_tiles() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
@@ -48,7 +54,7 @@ MINISGL_AMX_BF16 inline void configure_amx_tiles() {
   asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
-MINISGL_AMX_BF16 inline void release_amx_tiles() { _tile_release(); }
+MINISGL_AMX_TILE inline void release_amx_tiles() { _tile_release(); }
 
 // scratch[0:16 RT, 0:32] = A's rows times one panel over K (a multiple of 32), in float32: RT groups
 // of 16 rows, group g from a[g] with row stride lda[g]. A tile always loads 16 rows, so a short last
@@ -83,6 +89,37 @@ MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], co
     _tile_stored(2, scratch + AMX_TILE_ROWS * VNNI_BLOCK_N, ld);
     _tile_stored(3, scratch + AMX_TILE_ROWS * VNNI_BLOCK_N + 16, ld);
   }
+}
+
+// sums[0:16 RT, 0:16 PANELS] (rows 2 x 16 int32 apart, as sums_int8 leaves them) = rows of the
+// quantized activations a (u8, +128) times PANELS (1 or 2) int8 panels panel_bytes apart, over K4
+// k-quads (a multiple of 16): exact int32 sums, so bitwise those of vpdpbusd and of brgemm. A tile
+// always loads 16 rows: the caller's a must have 16 RT rows (int8_scaled_mm_vnni pads its copy).
+// Tiles: C(g, j) = 2 g + j, A rows of group g in 4 + g, panel j's k-quads in 6 + j.
+template <int RT, int PANELS>
+MINISGL_AMX_INT8 inline void tile_amx_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes,
+                                           int64_t K4, int32_t* sums) {
+  _tile_zero(0);
+  if constexpr (PANELS == 2) _tile_zero(1);
+  if constexpr (RT == 2) _tile_zero(2);
+  if constexpr (RT == 2 && PANELS == 2) _tile_zero(3);
+  for (int64_t k4 = 0; k4 < K4; k4 += AMX_BLOCK_K4) {
+    _tile_loadd(6, panel + k4 * INT8_ROW_BYTES, INT8_ROW_BYTES);
+    if constexpr (PANELS == 2) _tile_loadd(7, panel + panel_bytes + k4 * INT8_ROW_BYTES, INT8_ROW_BYTES);
+    _tile_loadd(4, a + 4 * k4, lda);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (PANELS == 2) _tile_dpbusd(1, 4, 7);
+    if constexpr (RT == 2) {
+      _tile_loadd(5, a + AMX_TILE_ROWS * lda + 4 * k4, lda);
+      _tile_dpbusd(2, 5, 6);
+      if constexpr (PANELS == 2) _tile_dpbusd(3, 5, 7);
+    }
+  }
+  constexpr int64_t ld = 2 * INT8_PANEL_N * sizeof(int32_t), group = AMX_TILE_ROWS * 2 * INT8_PANEL_N;
+  _tile_stored(0, sums, ld);
+  if constexpr (PANELS == 2) _tile_stored(1, sums + INT8_PANEL_N, ld);
+  if constexpr (RT == 2) _tile_stored(2, sums + group, ld);
+  if constexpr (RT == 2 && PANELS == 2) _tile_stored(3, sums + group + INT8_PANEL_N, ld);
 }
 
 }  // namespace minisgl

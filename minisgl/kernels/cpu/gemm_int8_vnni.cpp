@@ -13,13 +13,14 @@
 // columns c = 0..15 in turn, then one more row holding the 16 int32 compensations; K and N are
 // zero-padded to multiples of 4 and 16. The functions carry their ISA in a target attribute (as
 // gemm_vnni.cpp does), so the file builds everywhere and runs only where the CPU has the feature.
-// With AMX-int8, blocks of more than 4 rows go to oneDNN's brgemm instead (sums_int8), which reads the
-// same panels; the fused MoE for these weights is moe_int8.cpp.
+// With AMX-int8, blocks of more than 4 rows go to AMX tiles instead, minisgl's own (gemm_amx.h) or
+// oneDNN's brgemm (sums_int8), which read the same panels; the fused MoE for these weights is moe_int8.cpp.
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <optional>
 
+#include "gemm_amx.h"
 #include "gemm_int8_vnni.h"
 
 namespace minisgl {
@@ -28,21 +29,32 @@ namespace {
 constexpr int64_t CHUNK_M = 128;   // rows whose activations stay in L2 while every panel passes
 
 // Rows [m0, m1) against panels [p0, p1), written to y (float32 results go to buf first when the
-// output is 16-bit, and to padding columns never): vpdpbusd tiles of 8 rows, or with `brgemm` blocks
-// of up to 32 (sums_int8).
+// output is 16-bit, and to padding columns never): vpdpbusd tiles of 8 rows, or blocks of up to 32
+// with `brgemm` (sums_int8) or on minisgl's own AMX tiles (`amx_tiles`, gemm_amx.h).
 template <typename out_t>
 void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_t* packed, int64_t panel_bytes,
                 int64_t K4, const float* w_scale, const out_t* bias, out_t* y, int64_t N, int64_t m0, int64_t m1,
-                int64_t p0, int64_t p1, bool brgemm) {
+                int64_t p0, int64_t p1, bool brgemm, bool amx_tiles) {
   alignas(64) int32_t sums[INT8_BRGEMM_ROWS * 2 * INT8_PANEL_N];
   alignas(64) float buf[INT8_BRGEMM_ROWS * 2 * INT8_PANEL_N];
-  const int64_t block = brgemm ? INT8_BRGEMM_ROWS : INT8_TILE_ROWS;
+  const int64_t block = brgemm || amx_tiles ? INT8_BRGEMM_ROWS : INT8_TILE_ROWS;
   for (int64_t p = p0; p < p1; p += 2) {
     const int64_t n0 = p * INT8_PANEL_N, panels = p + 2 <= p1 ? 2 : 1, cols = std::min(N - n0, panels * INT8_PANEL_N);
     const int8_t* panel = packed + p * panel_bytes;
     for (int64_t m = m0; m < m1; m += block) {
       const int64_t rows = std::min(block, m1 - m);
-      sums_int8(a + m * lda, lda, panel, panel_bytes, K4, rows, panels, brgemm, sums);
+      if (amx_tiles) {
+        const uint8_t* rows_a = a + m * lda;
+        if (rows > AMX_TILE_ROWS) {
+          panels == 2 ? tile_amx_int8<2, 2>(rows_a, lda, panel, panel_bytes, K4, sums)
+                      : tile_amx_int8<2, 1>(rows_a, lda, panel, panel_bytes, K4, sums);
+        } else {
+          panels == 2 ? tile_amx_int8<1, 2>(rows_a, lda, panel, panel_bytes, K4, sums)
+                      : tile_amx_int8<1, 1>(rows_a, lda, panel, panel_bytes, K4, sums);
+        }
+      } else {
+        sums_int8(a + m * lda, lda, panel, panel_bytes, K4, rows, panels, brgemm, sums);
+      }
       for (int64_t j = 0; j < panels; ++j) {
         const int64_t nj = n0 + j * INT8_PANEL_N;
         epilogue_int8(sums + j * INT8_PANEL_N, rows, panel + j * panel_bytes + K4 * INT8_ROW_BYTES, a_scale + m,
@@ -92,7 +104,14 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
               "which this CPU lacks (pack it with convert_weight_packed_int8 instead)");
   const int64_t M = mat1.size(0), K = mat1.size(1), N = scales2.numel();
   const int64_t panels = packed.size(0), K4 = packed.size(1) - 1, panel_bytes = (K4 + 1) * INT8_ROW_BYTES;
-  auto a = at::empty({M, K4 * 4}, mat1.options().dtype(at::kByte));
+  // sgl-kernel's can_use_brgemm<int8_t>: AMX-int8 from 5 rows; there minisgl's own tiles take the
+  // blocks (gemm_amx.h) unless MINISGL_BRGEMM=1 names oneDNN's brgemm or K is not whole tile rows.
+  const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && M > 4;
+  const bool tiles = brgemm && engines().amx_int8 && !brgemm_asked() && K4 % AMX_BLOCK_K4 == 0;
+  // A tile loads 16 rows: the quantized copy gets zero rows up to a multiple of 16 for the last block.
+  const int64_t a_rows = tiles ? (M + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS : M;
+  auto a = at::empty({a_rows, K4 * 4}, mat1.options().dtype(at::kByte));
+  if (a_rows > M) a.narrow(0, M, a_rows - M).fill_(128);  // a zero, with the +128 shift
   auto a_scale = at::empty({M}, mat1.options().dtype(at::kFloat));
   auto out = at::empty({M, N}, mat1.options());
   MINISGL_DISPATCH_FLOATING_TYPES(mat1.scalar_type(), "int8_scaled_mm_vnni", [&] {
@@ -104,19 +123,19 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
       }
     });
     // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time).
-    // sgl-kernel's can_use_brgemm<int8_t>: AMX-int8 from 5 rows.
     const int64_t pairs = (panels + 1) / 2;
-    const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && M > 4;
     for_each_unit(
         M, pairs, CHUNK_M,
         [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {
+          if (tiles) configure_amx_tiles();
           gemm_chunk<scalar_t>(a.data_ptr<uint8_t>(), K4 * 4, a_scale.data_ptr<float>(), packed.data_ptr<int8_t>(),
                                panel_bytes, K4, scales2.data_ptr<float>(),
                                bias ? bias->data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(), N, m0, m1,
-                               2 * pair0, std::min(panels, 2 * pair1), brgemm);
+                               2 * pair0, std::min(panels, 2 * pair1), brgemm && !tiles, tiles);
         },
         [&] {
-          if (brgemm) at::native::cpublas::brgemm_release();
+          if (tiles) release_amx_tiles();
+          if (brgemm && !tiles) at::native::cpublas::brgemm_release();
         });
   });
   return out;
