@@ -202,7 +202,7 @@ bool brgemm_runs() {
 }
 
 // Whether blocks of more than 4 rows take the AMX path, at::native::cpublas::brgemm (the dense bf16
-// GEMM: minisgl's own AMX tiles, gemm_amx.h, unless brgemm_asked()), given whether this CPU has the
+// and int8 GEMMs: minisgl's own AMX tiles, gemm_amx.h, unless brgemm_asked()), given whether this CPU has the
 // AMX tiles for the dtype (`amx`; `int8`: u8 x s8, else bf16): by default exactly then, as
 // sgl-kernel decides. The environment variable MINISGL_BRGEMM=1 sends them to brgemm on any CPU whose
 // oneDNN runs brgemm without the tiles, with its AVX-512 (vdpbf16ps, vpdpbusd) code: that is how a
@@ -221,9 +221,9 @@ inline bool use_brgemm(bool amx, bool int8 = false) {
   return true;
 }
 
-// Whether MINISGL_BRGEMM=1 names oneDNN's brgemm: the bf16 GEMM then takes it on an AMX CPU too,
-// instead of its own tiles (gemm_amx.h), so that the two can be timed side by side. use_brgemm has
-// checked the value by then.
+// Whether MINISGL_BRGEMM=1 names oneDNN's brgemm: the dense bf16 and int8 GEMMs then take it on an
+// AMX CPU too, instead of their own tiles (gemm_amx.h), so that the two can be timed side by side.
+// use_brgemm has checked the value by then.
 inline bool brgemm_asked() {
   const char* value = std::getenv("MINISGL_BRGEMM");
   return value != nullptr && value[0] == '1';

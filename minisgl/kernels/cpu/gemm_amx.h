@@ -1,8 +1,9 @@
 // The bf16 and W8A8-int8 GEMMs' blocks on AMX, written with the tile instructions themselves, for
-// weights packed in the VNNI layouts (gemm_vnni.h, gemm_int8_vnni.h). sgl-kernel hands such blocks to oneDNN's brgemm ukernel
-// (at::native::cpublas::brgemm, as minisgl did before); here the same multiply is a loop of eight
-// instructions the reader can see, the tiles are configured once per unit of work instead of a
-// kernel being looked up in oneDNN's cache on every call, and the results are bitwise those of brgemm.
+// weights packed in the VNNI layouts (gemm_vnni.h, gemm_int8_vnni.h). sgl-kernel hands such blocks
+// to oneDNN's brgemm ukernel (at::native::cpublas::brgemm, as minisgl did before); here the same
+// multiply is a loop of eight instructions the reader can see, the tiles are configured once per
+// unit of work instead of a kernel being looked up in oneDNN's cache on every call, and the results
+// are bitwise those of brgemm.
 //
 // AMX holds 8 tile registers of up to 16 rows x 64 bytes. One configuration serves every tile here,
 // 16 rows x 64 bytes:
