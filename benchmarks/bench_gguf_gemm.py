@@ -17,8 +17,10 @@ gemm_vnni.cpp). The "int8" rows are W8A8-int8 with bfloat16 activations, as
 (gemm_int8.cpp), and where the CPU has AVX512-VNNI "int8 vnni" on k-quads with vpdpbusd
 (gemm_int8_vnni.cpp), the one such a CPU uses. The "brgemm" rows multiply the same VNNI weights
 with MINISGL_BRGEMM=1, blocks over 4 rows through oneDNN's brgemm (AMX tiles on an AMX CPU, oneDNN's
-AVX-512 code elsewhere), and the "vnni" rows with MINISGL_BRGEMM=0, on minisgl's own tiles
-whatever the CPU: the AMX path against the tiles, on the same weights. Each block type has two rows: "gguf Q4_1" is
+AVX-512 code elsewhere), the "vnni" rows with MINISGL_BRGEMM=0, on minisgl's register tiles
+(vdpbf16ps, vpdpbusd) whatever the CPU, and where the CPU has AMX the "amx" rows with it unset,
+blocks over 4 rows on minisgl's own AMX tile loop (gemm_amx.h): the engines side by side, on the
+same weights. Each block type has two rows: "gguf Q4_1" is
 the weight-only GEMM with float activations (gguf_mul_mat, gemm_gguf.cpp), "Q4_1 a8" the integer
 one that rounds the activations to int8 per block (gguf_mul_mat_vec_a8, gemm_gguf_vec.cpp);
 layers/quantization/gguf_kernel.py takes the second up to MMVQ_MAX_ROWS rows. The last column is
@@ -51,6 +53,7 @@ def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
     kinds: dict[str, list] = {"float32": [], "bfloat16": []}
     engines = {"bf16 vnni": "avx512_bf16", "int8 avx2": None, "int8 vnni": "avx512_vnni"}
     engines.update({"bf16 brgemm": "avx512_bf16", "int8 brgemm": "avx512_vnni"})
+    engines.update({"bf16 amx": "amx_bf16", "int8 amx": "amx_int8"})
     engines = {kind: feature for kind, feature in engines.items() if feature is None or feature in cpu_features()}
     kinds.update({kind: [] for kind in engines})
     for t in types:
@@ -66,9 +69,10 @@ def layer_gemms(layers: int, types: list[str]) -> dict[str, list]:
             kinds["bfloat16"].append((k, lambda x, p=p16: ops.weight_packed_linear(x.bfloat16(), p, None)))
             if "bf16 vnni" in engines:
                 pv = ops.convert_weight_packed_vnni(w.bfloat16())
-                for kind in ("bf16 vnni", "bf16 brgemm"):
-                    kinds[kind].append((k, lambda x, p=pv: ops.weight_packed_linear(x.bfloat16(), p, None)))
-            for kind in ("int8 avx2", "int8 vnni", "int8 brgemm"):
+                for kind in ("bf16 vnni", "bf16 brgemm", "bf16 amx"):
+                    if kind in engines:
+                        kinds[kind].append((k, lambda x, p=pv: ops.weight_packed_linear(x.bfloat16(), p, None)))
+            for kind in ("int8 avx2", "int8 vnni", "int8 brgemm", "int8 amx"):
                 if kind in engines:
                     pq = pack_int8_weight(w_q, "avx2" if kind == "int8 avx2" else "avx512_vnni")
                     kinds[kind].append(
@@ -87,13 +91,17 @@ def measure(m: int, kinds: dict[str, list], rounds: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {kind: [] for kind in kinds}
     for r in range(rounds + 1):  # round 0 warms up
         for kind, gemms in kinds.items():
-            os.environ["MINISGL_BRGEMM"] = "1" if kind.endswith("brgemm") else "0"  # read by every call
+            # read by every call: 1 for brgemm, unset for the AMX tile loop, 0 (register tiles) otherwise
+            if kind.endswith("amx"):
+                os.environ.pop("MINISGL_BRGEMM", None)
+            else:
+                os.environ["MINISGL_BRGEMM"] = "1" if kind.endswith("brgemm") else "0"
             start = time.perf_counter()
             for k, fn in gemms:
                 fn(x[k])
             if r:
                 samples[kind].append(time.perf_counter() - start)
-    del os.environ["MINISGL_BRGEMM"]
+    os.environ.pop("MINISGL_BRGEMM", None)
     return {kind: statistics.median(times) for kind, times in samples.items()}
 
 
