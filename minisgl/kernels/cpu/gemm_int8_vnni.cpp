@@ -111,7 +111,7 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
   // A tile loads 16 rows: the quantized copy gets zero rows up to a multiple of 16 for the last block.
   const int64_t a_rows = tiles ? (M + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS : M;
   auto a = at::empty({a_rows, K4 * 4}, mat1.options().dtype(at::kByte));
-  if (a_rows > M) a.narrow(0, M, a_rows - M).fill_(128);  // a zero, with the +128 shift
+  std::memset(a.data_ptr<uint8_t>() + M * K4 * 4, 128, (a_rows - M) * K4 * 4);  // zeros, with the +128 shift
   auto a_scale = at::empty({M}, mat1.options().dtype(at::kFloat));
   auto out = at::empty({M, N}, mat1.options());
   MINISGL_DISPATCH_FLOATING_TYPES(mat1.scalar_type(), "int8_scaled_mm_vnni", [&] {
