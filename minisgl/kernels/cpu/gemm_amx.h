@@ -59,7 +59,8 @@ MINISGL_AMX_TILE inline void release_amx_tiles() { _tile_release(); }
 
 // scratch[0:16 RT, 0:32] = A's rows times one panel over K (a multiple of 32), in float32: RT groups
 // of 16 rows, group g from a[g] with row stride lda[g]. A tile always loads 16 rows, so a short last
-// group must come from a zero-padded copy (vnni_gemm keeps one) and never from past the end of A.
+// group must come from a zero-padded copy (vnni_gemm keeps one) or a buffer with 16 rows to spare
+// (moe.cpp's), never from past the end of A.
 template <int RT>
 MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], const int64_t (&lda)[2],
                                            const at::BFloat16* panel, int64_t K, float* scratch) {

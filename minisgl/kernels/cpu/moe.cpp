@@ -16,9 +16,9 @@
 //      times the pair's routing weight, in float32 into y at the pair's own place t * k + j;
 //   4. out[t] = y[t * k] + ... + y[t * k + k - 1], rounded to the model dtype.
 // The experts come in one of the two layouts a dense weight may have, and each block meets a panel
-// through that layout's own tile: bf16 in the matrix engines' VNNI layout (gemm_vnni.h: vdpbf16ps, or
-// AMX's brgemm where blocks average more than 4 rows), or float panels in any dtype (gemm.h: FMA,
-// activations widened to float32 once, on every CPU the kernels build on). sgl-kernel takes bf16,
+// through that layout's own tile: bf16 in the matrix engines' VNNI layout (gemm_vnni.h: vdpbf16ps,
+// or AMX where blocks average more than 4 rows: gemm_amx.h's tile loop, or brgemm), or float panels
+// in any dtype (gemm.h: FMA, activations widened to float32 once, on every CPU the kernels build on). sgl-kernel takes bf16,
 // fp16, int8, fp8 and int4 experts, keeps y in the model dtype and gathers a block's rows per thread;
 // this keeps y in float32 (one rounding at the end) and gathers them once. Omitted here: quantized
 // experts (W8A8's are moe_int8.cpp's; fp8 and int4 nowhere), the shared expert kernel, and writing
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_amx.h"
 #include "gemm_vnni.h"
 #include "moe.h"
 
@@ -43,11 +44,19 @@ struct VnniExperts {
   using w_t = at::BFloat16;
   static constexpr int64_t width = VNNI_BLOCK_N;
   bool use_brgemm;
+  bool amx_tiles;  // gemm_amx.h's loop; A must hold 16 readable rows past a block's first 16 (fused_experts pads)
+  void begin() const {  // at the start of each unit of work
+    if (amx_tiles) configure_amx_tiles();
+  }
   void multiply(const a_t* A, int64_t lda, const w_t* panel, int64_t rows, int64_t K, float* scratch,
                 const w_t* /*next: these tiles do not prefetch*/) const {
-    panel_to_scratch(A, lda, panel, rows, K, use_brgemm, scratch);
+    if (!amx_tiles) return panel_to_scratch(A, lda, panel, rows, K, use_brgemm, scratch);
+    const at::BFloat16* a[2] = {A, A + AMX_TILE_ROWS * lda};
+    const int64_t ld[2] = {lda, lda};
+    rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, ld, panel, K, scratch) : tile_amx_bf16<1>(a, ld, panel, K, scratch);
   }
   void release() const {
+    if (amx_tiles) release_amx_tiles();
     if (use_brgemm) at::native::cpublas::brgemm_release();
   }
 };
@@ -62,6 +71,7 @@ struct PanelExperts {
                 const w_t* next) const {
     gemm_panel(A, lda, panel, K, scratch, width, static_cast<const float*>(nullptr), rows, next);
   }
+  void begin() const {}
   void release() const {}
 };
 
@@ -73,10 +83,15 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
   constexpr int64_t W = Experts::width;
   const int64_t pairs = T * k, NB = static_cast<int64_t>(blocks.size());
   const auto a_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<a_t>::value);
-  auto xs_buf = at::empty({pairs, H}, a_options), act_buf = at::empty({pairs, I}, a_options);
+  // An AMX tile loads 16 rows whatever a block holds: 16 zero rows past the last pair keep a short
+  // last block's loads inside the buffers.
+  const int64_t buffer_rows = pairs + AMX_TILE_ROWS;
+  auto xs_buf = at::empty({buffer_rows, H}, a_options), act_buf = at::empty({buffer_rows, I}, a_options);
   auto y_buf = at::empty({pairs, H}, at::kFloat);
   a_t* xs = xs_buf.template data_ptr<a_t>();    // the gathered rows
   a_t* act = act_buf.template data_ptr<a_t>();  // silu(gate) * up
+  std::memset(xs + pairs * H, 0, AMX_TILE_ROWS * H * sizeof(a_t));
+  std::memset(act + pairs * I, 0, AMX_TILE_ROWS * I * sizeof(a_t));
   float* y = y_buf.data_ptr<float>();           // each pair's weighted output
   at::parallel_for(0, pairs, std::max<int64_t>(1, 16384 / std::max<int64_t>(H, 1)), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) at::vec::convert(x + sorted[p] / k * H, xs + p * H, H);
@@ -88,6 +103,7 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
   for_each_unit(
       NB, panels_i, 1,
       [&](int64_t b0, int64_t, int64_t p0, int64_t p1) {
+        experts.begin();
         const Block& b = blocks[b0];
         const auto* expert = w13 + b.expert * 2 * I * H;
         const a_t* a = xs + b.start * H;
@@ -105,6 +121,7 @@ void fused_experts(const Experts& experts, const std::vector<Block>& blocks, con
   for_each_unit(
       NB, H / W, 1,
       [&](int64_t b0, int64_t, int64_t p0, int64_t p1) {
+        experts.begin();
         const Block& b = blocks[b0];
         alignas(64) float scratch[BLOCK_M * W];
         for (int64_t p = p0; p < p1; ++p) {
@@ -168,8 +185,11 @@ at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& 
       TORCH_CHECK(engines().avx512_bf16,
                   "fused_experts_cpu: VNNI-packed experts need avx512_bf16, which this CPU lacks");
       // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
+      // There minisgl's own tiles take the blocks, as in the dense GEMM (gemm_vnni.cpp).
       const bool brgemm = use_brgemm(engines().amx_bf16) && pairs > 4 * static_cast<int64_t>(blocks.size());
-      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{brgemm});
+      const bool whole_tiles = H % AMX_BLOCK_K == 0 && I % AMX_BLOCK_K == 0;
+      const bool tiles = brgemm && engines().amx_bf16 && !brgemm_asked() && whole_tiles;
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{brgemm && !tiles, tiles});
     } else if (w_dtype == at::kFloat) {
       run(PanelExperts<float>{});
     } else {
