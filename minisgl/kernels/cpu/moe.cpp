@@ -18,11 +18,11 @@
 // The experts come in one of the two layouts a dense weight may have, and each block meets a panel
 // through that layout's own tile: bf16 in the matrix engines' VNNI layout (gemm_vnni.h: vdpbf16ps,
 // or AMX where blocks average more than 4 rows: gemm_amx.h's tile loop, or brgemm), or float panels
-// in any dtype (gemm.h: FMA, activations widened to float32 once, on every CPU the kernels build on). sgl-kernel takes bf16,
-// fp16, int8, fp8 and int4 experts, keeps y in the model dtype and gathers a block's rows per thread;
-// this keeps y in float32 (one rounding at the end) and gathers them once. Omitted here: quantized
-// experts (W8A8's are moe_int8.cpp's; fp8 and int4 nowhere), the shared expert kernel, and writing
-// the result in place.
+// in any dtype (gemm.h: FMA, activations widened to float32 once, on every CPU the kernels build on).
+// sgl-kernel takes bf16, fp16, int8, fp8 and int4 experts, keeps y in the model dtype and gathers a
+// block's rows per thread; this keeps y in float32 (one rounding at the end) and gathers them once.
+// Omitted here: quantized experts (W8A8's are moe_int8.cpp's; fp8 and int4 nowhere), the shared
+// expert kernel, and writing the result in place.
 #include <optional>
 #include <vector>
 
@@ -44,7 +44,7 @@ struct VnniExperts {
   using w_t = at::BFloat16;
   static constexpr int64_t width = VNNI_BLOCK_N;
   bool use_brgemm;
-  bool amx_tiles;  // gemm_amx.h's loop; A must hold 16 readable rows past a block's first 16 (fused_experts pads)
+  bool amx_tiles;  // gemm_amx.h's loop: A needs 32 readable rows from a block's start (fused_experts pads)
   void begin() const {  // at the start of each unit of work
     if (amx_tiles) configure_amx_tiles();
   }
