@@ -93,6 +93,19 @@ MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], co
   }
 }
 
+// tile_amx_bf16 for a block of `rows` (1 to 32) rows: one group of 16 or two.
+MINISGL_AMX_BF16 inline void block_amx_bf16(const at::BFloat16* const (&a)[2], const int64_t (&lda)[2], int64_t rows,
+                                            const at::BFloat16* panel, int64_t K, float* scratch) {
+  rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, lda, panel, K, scratch) : tile_amx_bf16<1>(a, lda, panel, K, scratch);
+}
+
+// Whether blocks that use_brgemm sends to the AMX path (`brgemm`) go to these tile loops instead: on a
+// CPU with the tiles for the dtype (`amx`), for a K of whole tile rows, unless MINISGL_BRGEMM=1 names
+// oneDNN's brgemm. The dense bf16 and int8 GEMMs and the bf16 fused MoE ask the same question.
+inline bool use_own_tiles(bool brgemm, bool amx, bool whole_tiles) {
+  return brgemm && amx && whole_tiles && !brgemm_asked();
+}
+
 // sums[0:16 RT, 0:16 PANELS] (rows 2 x 16 int32 apart, as sums_int8 leaves them) = rows of the
 // quantized activations a (u8, +128) times PANELS (1 or 2) int8 panels panel_bytes apart, over K4
 // k-quads (a multiple of 16): exact int32 sums, so bitwise those of vpdpbusd and of brgemm. A tile

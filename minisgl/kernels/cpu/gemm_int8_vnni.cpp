@@ -107,7 +107,7 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
   // sgl-kernel's can_use_brgemm<int8_t>: AMX-int8 from 5 rows; there minisgl's own tiles take the
   // blocks (gemm_amx.h) unless MINISGL_BRGEMM=1 names oneDNN's brgemm or K is not whole tile rows.
   const bool brgemm = use_brgemm(engines().amx_int8, /*int8=*/true) && M > 4;
-  const bool tiles = brgemm && engines().amx_int8 && !brgemm_asked() && K4 % AMX_BLOCK_K4 == 0;
+  const bool tiles = use_own_tiles(brgemm, engines().amx_int8, K4 % AMX_BLOCK_K4 == 0);
   // A tile loads 16 rows: the quantized copy gets zero rows up to a multiple of 16 for the last block.
   const int64_t a_rows = tiles ? (M + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS : M;
   auto a = at::empty({a_rows, K4 * 4}, mat1.options().dtype(at::kByte));

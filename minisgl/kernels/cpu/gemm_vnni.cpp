@@ -102,7 +102,7 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                   a[g] = short_group ? padded.data() : A + (r0 + g * AMX_TILE_ROWS) * lda;
                   ld[g] = short_group ? K : lda;
                 }
-                groups == 2 ? tile_amx_bf16<2>(a, ld, panel, K, scratch) : tile_amx_bf16<1>(a, ld, panel, K, scratch);
+                block_amx_bf16(a, ld, rows, panel, K, scratch);
                 store_scratch(scratch, rows, out, N, panel_bias);
                 continue;
               }
@@ -178,7 +178,7 @@ at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& m
   const bool brgemm = dtype == at::kBFloat16 ? use_brgemm(e.amx_bf16) && M > 4 : true;
   // bf16 blocks meant for AMX go to minisgl's own tiles (gemm_amx.h), unless MINISGL_BRGEMM=1 names
   // oneDNN's brgemm or K is not a whole number of tile rows.
-  const bool tiles = dtype == at::kBFloat16 && brgemm && e.amx_bf16 && !brgemm_asked() && K % AMX_BLOCK_K == 0;
+  const bool tiles = dtype == at::kBFloat16 && use_own_tiles(brgemm, e.amx_bf16, K % AMX_BLOCK_K == 0);
   const at::Tensor a = mat1.stride(1) == 1 ? mat1 : mat1.contiguous();
   at::Tensor out = at::empty({M, N}, mat1.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dtype, "weight_packed_linear_vnni", [&] {

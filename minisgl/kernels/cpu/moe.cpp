@@ -53,7 +53,7 @@ struct VnniExperts {
     if (!amx_tiles) return panel_to_scratch(A, lda, panel, rows, K, use_brgemm, scratch);
     const at::BFloat16* a[2] = {A, A + AMX_TILE_ROWS * lda};
     const int64_t ld[2] = {lda, lda};
-    rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, ld, panel, K, scratch) : tile_amx_bf16<1>(a, ld, panel, K, scratch);
+    block_amx_bf16(a, ld, rows, panel, K, scratch);
   }
   void release() const {
     if (amx_tiles) release_amx_tiles();
@@ -187,8 +187,7 @@ at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& 
       // sgl-kernel's can_use_brgemm on the rows a block averages: AMX tiles from 5 rows.
       // There minisgl's own tiles take the blocks, as in the dense GEMM (gemm_vnni.cpp).
       const bool brgemm = use_brgemm(engines().amx_bf16) && pairs > 4 * static_cast<int64_t>(blocks.size());
-      const bool whole_tiles = H % AMX_BLOCK_K == 0 && I % AMX_BLOCK_K == 0;
-      const bool tiles = brgemm && engines().amx_bf16 && !brgemm_asked() && whole_tiles;
+      const bool tiles = use_own_tiles(brgemm, engines().amx_bf16, H % AMX_BLOCK_K == 0 && I % AMX_BLOCK_K == 0);
       if constexpr (std::is_same_v<scalar_t, at::BFloat16>) run(VnniExperts{brgemm && !tiles, tiles});
     } else if (w_dtype == at::kFloat) {
       run(PanelExperts<float>{});
