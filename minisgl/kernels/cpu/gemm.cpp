@@ -10,9 +10,9 @@
 //
 // Why not oneDNN, which minisgl used before: in decode a GEMM has few rows (one per running
 // request) and its weights come from DRAM, not cache. oneDNN leaves the FMA units idle while the
-// weights arrive. Here, while a tile of a few rows multiplies panel j, it prefetches panel j + 1 into
-// L2, spread evenly over its k-steps, so loading the next panel overlaps computing this one (how many
-// rows "a few" is depends on the CPU's hardware prefetcher: gemm.h, prefetch_rows).
+// weights arrive. Here, while the first tile of rows multiplies panel j, it prefetches panel j + 1
+// into L2, spread evenly over its k-steps, so loading the next panel overlaps computing this one
+// (up to how many rows that pays depends on the CPU's hardware prefetcher: gemm.h, prefetch_rows).
 //
 // Weights are kept in the model's dtype: a bf16 or fp16 panel is widened to float32 in registers as
 // it is read (exact: every bf16 and fp16 value is a float32 value), so a 16-bit model streams half

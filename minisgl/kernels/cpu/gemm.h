@@ -7,6 +7,8 @@
 // at::vec::Vectorized<float> is one zmm register with AVX-512 and one ymm with AVX2.
 #pragma once
 
+#include <limits>
+
 #include "common.h"
 
 namespace minisgl {
@@ -58,7 +60,7 @@ __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, cons
   for (int i = 0; i < ROWS; ++i) store_float2(C + i * ldc, fVec(c0[i]), fVec(c1[i]));
 }
 
-// Up to this many rows a tile prefetches the next panel. One or two rows wait on the weights alone,
+// Up to this many rows a panel prefetches the next one. One or two rows wait on the weights alone,
 // and the prefetch hides the next panel's DRAM latency. With more, it depends on the CPU, so the
 // number is chosen at run time by vendor. SmolLM2's 120 float32 GEMMs, weights from DRAM, with and
 // without, alternated in one process:
@@ -66,26 +68,29 @@ __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, cons
 //   it, 3 rows 8% faster, 4 rows 0-9%, 6 and 8 rows 9-20%, 12 rows 11%, 32 and 128 rows within 1%
 //   (the likely reason, not checked with counters: the FMAs leave its hardware prefetcher time to
 //   keep up on its own);
-// - on a 2-core Intel Xeon with AMX (Emerald Rapids): 3 rows 25.7 -> 19.9 ms with it, 4 rows
-//   29.4 -> 20.3 (1 and 2 rows 18.9 and 19.9 either way), so Intel CPUs prefetch up to 4 rows.
+// - on a 2-core Intel Xeon with AMX (Emerald Rapids) it paid at every height: 3 rows 25.7 -> 19.9 ms,
+//   4 rows 29.4 -> 20.3, 8 rows 38.1 -> 28.5, 16 rows 46.2 -> 36.6, 64 rows 83.7 -> 70.5, 256 rows
+//   321 -> 298 (1 and 2 rows 18-20 either way), so on Intel CPUs every panel prefetches.
 inline int64_t prefetch_rows() {
-  static const int64_t rows = __builtin_cpu_is("intel") ? 4 : 2;
+  static const int64_t rows = __builtin_cpu_is("intel") ? std::numeric_limits<int64_t>::max() : 2;
   return rows;
 }
 
 // C[rows, BLOCK_N] = A[rows, K] times one panel + bias, in tiles of nearly equal height (64 rows
-// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the tile prefetches `next`, the
-// panel to be multiplied after this one (none if null), so that it is in L2 once this one is done.
+// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the first tile prefetches
+// `next`, the panel to be multiplied after this one (none if null), so that it is in L2 once this one
+// is done; the other tiles read this panel from L2, and a second prefetch of the same lines measured
+// 1-9% slower on the Xeon above (32 rows: 51.0 against 46.4 ms).
 template <typename w_t, typename out_t>
 void gemm_panel(const float* A, int64_t lda, const w_t* panel, int64_t K, out_t* C, int64_t ldc, const out_t* bias,
                 int64_t rows, const w_t* next) {
   const int64_t tiles = (rows + MAX_ROWS - 1) / MAX_ROWS;
-  // rows <= prefetch_rows() is one tile, which prefetches the whole next panel.
   const char* ahead = next && rows <= prefetch_rows() ? reinterpret_cast<const char*>(next) : nullptr;
   int64_t m = 0;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t height = (rows - m + (tiles - t) - 1) / (tiles - t);
-    with_rows<MAX_ROWS>(height, [&]<int R>() { tile<R>(A + m * lda, lda, panel, K, C + m * ldc, ldc, bias, ahead); });
+    const char* pf = t == 0 ? ahead : nullptr;
+    with_rows<MAX_ROWS>(height, [&]<int R>() { tile<R>(A + m * lda, lda, panel, K, C + m * ldc, ldc, bias, pf); });
     m += height;
   }
 }
