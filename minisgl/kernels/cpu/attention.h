@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -331,8 +332,12 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     float* s = sc.scores.data() + r * ld;
     if (mask.rows) {  // keys the causal mask shows but the custom one hides get no weight
       const bool* sees = mask.rows + (r % rows_per_head) / a.group * mask.ld;
-      for (int64_t t = 0; t < visible(r); ++t) {
-        if (!sees[t]) s[t] = -std::numeric_limits<float>::infinity();
+      // memchr (vectorized in libc) jumps to the next hidden key: a branch per key was a third of
+      // attend_block's own time on an EAGLE tree's verify, whose rows hide only a few of their keys.
+      const bool *hidden = sees, *end = sees + visible(r);
+      while ((hidden = static_cast<const bool*>(std::memchr(hidden, 0, end - hidden)))) {
+        s[hidden - sees] = -std::numeric_limits<float>::infinity();
+        ++hidden;
       }
     }
     const float m = max_of(s, visible(r));
@@ -362,13 +367,15 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
       }
     }
   };
-  if (brgemm) {
-    for (int64_t h = 0; h < heads; ++h) {
-      values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, visible,
-                       finish);
+  if constexpr (kBf16) {  // brgemm is only ever true here
+    if (brgemm) {
+      for (int64_t h = 0; h < heads; ++h) {
+        values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, visible,
+                         finish);
+      }
+      at::native::cpublas::brgemm_release();
+      return;
     }
-    at::native::cpublas::brgemm_release();
-    return;
   }
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {

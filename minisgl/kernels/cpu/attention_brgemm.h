@@ -7,6 +7,7 @@
 
 #include <ATen/native/CPUBlas.h>
 
+#include <type_traits>
 #include <vector>
 
 namespace minisgl {
@@ -90,12 +91,19 @@ void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_he
   const int64_t keys = round_up(kv_len, kKeyBlock);
   Scratch::grow(sc.values_w, keys * d);
   Scratch::grow(sc.pv_out, kBrgemmRows * d);
+  static_assert(std::is_same_v<kv_t, at::BFloat16>, "brgemm's p . v reads a bf16 pool");
   at::BFloat16* vw = sc.values_w.data();
-  for (int64_t t = 0; t < keys; ++t) {  // value t's column c goes to vw[t / 2][c][t % 2]
-    const kv_t* v = t < kv_len ? v_head + token_slots[t] * a.v_slot_stride : nullptr;
-    for (int64_t c = 0; c < d; ++c) {
-      vw[(t / 2 * d + c) * 2 + t % 2] = v ? static_cast<at::BFloat16>(v[c]) : at::BFloat16(0.f);
-    }
+  // Values t and t + 1's column c become one 32-bit word, vw[t / 2][c]: whole words in a loop the
+  // compiler vectorizes (as 16-bit stores two bytes apart it was 40% of attend_block's own time on an
+  // EAGLE tree's verify: 16 tokens, ~130 keys).
+  const uint16_t zeros[kMaxHeadDim] = {};
+  for (int64_t t = 0; t < keys; t += 2) {
+    const auto value = [&](int64_t i) {
+      return i < kv_len ? reinterpret_cast<const uint16_t*>(v_head + token_slots[i] * a.v_slot_stride) : zeros;
+    };
+    const uint16_t *v0 = value(t), *v1 = value(t + 1);
+    uint32_t* w = reinterpret_cast<uint32_t*>(vw) + t / 2 * d;
+    for (int64_t c = 0; c < d; ++c) w[c] = v0[c] | static_cast<uint32_t>(v1[c]) << 16;
   }
   for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kBrgemmRows) {
     const int64_t m = std::min(kBrgemmRows, (h + 1) * rows_per_head - r0);
