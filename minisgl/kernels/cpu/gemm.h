@@ -80,7 +80,7 @@ inline int64_t prefetch_rows() {
 // with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the first tile prefetches
 // `next`, the panel to be multiplied after this one (none if null), so that it is in L2 once this one
 // is done; the other tiles read this panel from L2, and a second prefetch of the same lines measured
-// 1-9% slower on the Xeon above (32 rows: 51.0 against 46.4 ms).
+// 1-10% slower on the Xeon above (32 rows: 51.0 against 46.4 ms).
 template <typename w_t, typename out_t>
 void gemm_panel(const float* A, int64_t lda, const w_t* panel, int64_t K, out_t* C, int64_t ldc, const out_t* bias,
                 int64_t rows, const w_t* next) {
