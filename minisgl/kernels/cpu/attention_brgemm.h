@@ -96,7 +96,7 @@ void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_he
   // Values t and t + 1's column c become one 32-bit word, vw[t / 2][c]: whole words in a loop the
   // compiler vectorizes (one 16-bit element at a time, into every other halfword, it was 40% of
   // attend_block's own time on an EAGLE tree's verify: 16 tokens, ~130 keys).
-  const uint16_t zeros[kMaxHeadDim] = {};
+  static constexpr uint16_t zeros[kMaxHeadDim] = {};  // static: no 512-byte memset per call
   const auto value = [&](int64_t t) {  // value t's bits, or zeros past kv_len
     return t < kv_len ? reinterpret_cast<const uint16_t*>(v_head + token_slots[t] * a.v_slot_stride) : zeros;
   };
