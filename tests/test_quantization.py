@@ -19,7 +19,15 @@ from minisgl.layers.quantization.unquant import UnquantizedLinearMethod
 from minisgl.layers.quantization.w8a8_int8 import W8A8Int8LinearMethod, W8A8Int8MoEMethod
 from minisgl.model_loader.loader import get_quant_config
 from minisgl.tools.make_tiny_model import ARCHS
-from minisgl.tools.quant_accuracy import TEXT_PATH, chunked_perplexity, compare
+from minisgl.tools.quant_accuracy import (
+    TEXT_PATH,
+    chunked_perplexity,
+    compare,
+    dithered,
+    dithered_ppl_ratios,
+    perplexity,
+    text_ids,
+)
 from minisgl.tools.quantize_w8a8 import quantize_checkpoint
 from tests._models import tiny_model_dir
 
@@ -96,6 +104,29 @@ def test_w8a8_int8_llama(tmp_path):
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "llama"])
 def test_w8a8_int8_every_arch(arch, tmp_path):
     _check_w8a8(arch, tmp_path, TEXT_PATH.read_text(), windows=8)
+
+
+def test_dithering_moves_w8a8_perplexity_and_not_the_float_models():
+    """quant_accuracy --dither-seeds: a dither of one float rounding reaches the model (the float
+    perplexity changes, by far less than 1e-4), is gone when the context ends, is the same for the
+    same seed, and moves the W8A8 model's ratio from seed to seed (int8 rounding flips)."""
+    path = tiny_model_dir("llama")
+    common = dict(max_total_tokens=4096, disable_radix_cache=True)
+    float_engine = Engine(model_path=path, **common)
+    quant_engine = Engine(model_path=path, quantization="w8a8_int8", **common)
+    try:
+        ids = text_ids(float_engine, TEXT_PATH.read_text()[:400])
+        base = perplexity(float_engine, ids)
+        with dithered(float_engine, 0):
+            shaken = perplexity(float_engine, ids)
+        assert shaken != base and abs(shaken / base - 1) < 1e-4
+        assert perplexity(float_engine, ids) == base
+        ratios = dithered_ppl_ratios(float_engine, quant_engine, ids, seeds=3)
+        assert dithered_ppl_ratios(float_engine, quant_engine, ids, seeds=1) == ratios[:1]
+        assert len(set(ratios)) == 3, ratios
+    finally:
+        float_engine.shutdown()
+        quant_engine.shutdown()
 
 
 def test_online_and_offline_quantization_agree(tmp_path):

@@ -14,6 +14,9 @@ Both models score the same fixed text (benchmarks/data/perplexity_text.txt, publ
 - greedy agreement: from each window, how many of the next 16 greedy tokens match before the
   first difference, as a fraction;
 - perplexity of the whole text (teacher-forced, from the engine's input logprobs);
+- with --dither-seeds N: that ratio again under N dithers (each run's embeddings times
+  1 + eps * randn), their mean and spread: on a short text one ratio is one draw of which
+  activations round up, and it moves by percents from draw to draw;
 - with --llama-perplexity (a GGUF model; the binary scripts/setup_llama_cpp.sh builds): the text's
   perplexity measured llama.cpp's way by both engines, :func:`chunked_perplexity` in minisgl and
   llama-perplexity on the same .gguf file, side by side (the target: within 0.5%).
@@ -26,11 +29,13 @@ within 2% of float.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import pathlib
 import re
+import statistics
 import subprocess
 from typing import Optional
 
@@ -40,6 +45,7 @@ import torch.nn.functional as F
 from minisgl.entrypoints.engine import Engine
 from minisgl.layers.linear import LinearBase
 from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
+from minisgl.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from minisgl.model_loader.gguf import resolve_model_path
 
 TEXT_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "perplexity_text.txt"
@@ -105,9 +111,14 @@ def per_layer_error(float_engine: Engine, quant_engine: Engine, ids: list[int]) 
     return errors
 
 
+def text_ids(engine: Engine, text: Optional[str] = None) -> list[int]:
+    """The text's token ids (the fixed text by default), cut to leave room for one generated token."""
+    ids = engine.tokenizer.encode(text if text is not None else TEXT_PATH.read_text())
+    return ids[: _model(engine).config.max_position_embeddings - 1]
+
+
 def compare(float_engine: Engine, quant_engine: Engine, text: Optional[str] = None, windows: int = 8) -> dict:
-    ids = float_engine.tokenizer.encode(text if text is not None else TEXT_PATH.read_text())
-    ids = ids[: _model(float_engine).config.max_position_embeddings - 1]  # room for the one generated token
+    ids = text_ids(float_engine, text)
     width = min(64, len(ids) // (windows + 1))
     prompts = [ids[i * width : (i + 1) * width] for i in range(windows)]
     ref, quant = last_position_logits(float_engine, prompts), last_position_logits(quant_engine, prompts)
@@ -131,6 +142,44 @@ def compare(float_engine: Engine, quant_engine: Engine, text: Optional[str] = No
         "ppl_quant": ppl_quant,
         "ppl_ratio": ppl_quant / ppl_float,
     }
+
+
+@contextlib.contextmanager
+def dithered(engine: Engine, seed: int):
+    """Within it, the embeddings' output is multiplied by 1 + eps * randn before the layers (eps: the
+    machine epsilon of its dtype; the noise drawn from `seed`, so two engines of one model dtype that
+    run the same batches see the same noise). Every activation downstream moves by about one float
+    rounding, which a float model does not notice and a model that rounds its activations to int8
+    does: a value near a half step flips to the other level."""
+    embed = next((m for m in _model(engine).modules() if isinstance(m, VocabParallelEmbedding)), None)
+    if embed is None:
+        raise ValueError("dithering needs the model's input embedding on this rank (the first pipeline stage)")
+    generator = torch.Generator().manual_seed(seed)
+
+    def hook(module, args, out: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(out.shape, generator=generator) * torch.finfo(out.dtype).eps
+        return (out.float() * (1 + noise)).to(out.dtype)
+
+    handle = embed.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def dithered_ppl_ratios(float_engine: Engine, quant_engine: Engine, ids: list[int], seeds: int) -> list[float]:
+    """The perplexity ratio once per seed, both models dithered alike (:func:`dithered`). A single
+    ratio is one draw of which activations round up; on the fixed text (526 tokens) SmolLM2's ratio
+    under W8A8 moved from 0.994 to 1.069 over 16 dithers (docs: models-and-layers, W8A8-int8), so the
+    mean and spread of these say what one ratio cannot. The engines must not reuse cached prefixes
+    (disable_radix_cache), or a dithered run would read the KV of an earlier one."""
+    ratios = []
+    for seed in range(seeds):
+        with dithered(float_engine, seed):
+            ppl_float = perplexity(float_engine, ids)
+        with dithered(quant_engine, seed):
+            ratios.append(perplexity(quant_engine, ids) / ppl_float)
+    return ratios
 
 
 def chunked_perplexity(engine: Engine, ids: list[int], n_ctx: int, bos_id: Optional[int] = None) -> float:
@@ -203,12 +252,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity, to compare with")
     parser.add_argument("--llama-ctx", type=int, default=128, help="its -c: the text holds two such chunks or more")
+    parser.add_argument("--dither-seeds", type=int, default=0, help="also the perplexity ratio under N dithers")
     args = parser.parse_args()
     if (args.quantization is None) == (args.quant_model is None):
         parser.error("give exactly one of --quantization and --quant-model")
     if args.llama_perplexity and args.quantization != "gguf":
         parser.error("--llama-perplexity compares a GGUF model's run: give --quantization gguf")
-    common = dict(max_total_tokens=4096, dtype=args.dtype)
+    # No prefix reuse: a dithered run must compute every token itself (dithered_ppl_ratios).
+    common = dict(max_total_tokens=4096, dtype=args.dtype, disable_radix_cache=True)
     float_engine = Engine(model_path=args.model, **common)
     quant_engine = Engine(model_path=args.quant_model or args.model, quantization=args.quantization, **common)
     try:
@@ -217,6 +268,11 @@ def main() -> None:
             print(f"  {name:60s} {err:.5f}")
         for key, value in report.items():
             print(f"{key:22s} {value:.6f}")
+        if args.dither_seeds > 0:
+            ratios = dithered_ppl_ratios(float_engine, quant_engine, text_ids(float_engine), args.dither_seeds)
+            spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+            print(f"ppl_ratio over {len(ratios)} dithers: mean {statistics.mean(ratios):.6f}, standard deviation "
+                  f"{spread:.6f}, from {min(ratios):.6f} to {max(ratios):.6f}")  # fmt: skip
         if args.llama_perplexity:  # the file the GGUF run's config.json points at (model_loader/gguf.py)
             config = json.loads((pathlib.Path(resolve_model_path(args.model, "gguf")) / "config.json").read_text())
             gguf_file = config["quantization_config"]["gguf_file"]
