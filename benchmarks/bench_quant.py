@@ -15,7 +15,10 @@ exactly the float32 run's greedy tokens. w8a8_int8 quantizes the float checkpoin
 (layers/quantization/w8a8_int8.py); its activations run in the variant's dtype. gguf runs the
 model from its shipped GGUF file's blocks (layers/quantization/gguf.py): no float copy of the
 weights on disk or in memory, activations in the variant's dtype. On a shared
-machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun.
+machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun, or
+give --rounds N: the variants take turns N times (bfloat16, w8a8, bfloat16, w8a8, ...), each row
+shows its median tok/s and range, and "vs bf16" is the median of the ratios taken within each
+round, between runs minutes apart (as bench_offline.py's --rounds).
 With --llama-server (scripts/setup_llama_cpp.sh builds it), a last row runs the model's GGUF file
 as it is in llama.cpp's server on the same workload (benchmarks/peer_llama_cpp.py, --dtype q4_1:
 its own f16 KV cache), with the server's peak RSS.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -99,32 +103,49 @@ def main() -> None:
     parser.add_argument("--max-total-tokens", type=int, default=40000)
     parser.add_argument("--enable-torch-compile", action="store_true", help="the CPUGraphRunner in every variant")
     parser.add_argument("--llama-server", default=None, help="llama.cpp's server binary: add its run of the GGUF file")
+    parser.add_argument("--rounds", type=int, default=1, help="the variants take turns N times; rows show medians")
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # internal: run one variant in this process
     args = parser.parse_args()
     if args.variant:
         return run_variant(args)
 
-    results = {}
-    for variant in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--variant", variant, "--model-path", args.model_path]
-        for name in (*WORKLOAD_ARGS, "max_total_tokens"):
-            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-        cmd += ["--enable-torch-compile"] if args.enable_torch_compile else []
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        results[variant] = json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
-        if not lines:
-            print(f"  ! {variant} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    variants = args.variants.split(",")
+    rounds = [{variant: run_in_child(variant, args) for variant in variants} for _ in range(args.rounds)]
+    results = rounds[0]  # startup, RSS and outputs from the first round; tok/s and ratios from all
     if args.llama_server:
         results["llama.cpp q4_1"] = run_llama_cpp(args, results)
-    base, ref = results.get("bfloat16"), results.get("float32")
-    print(f"{'variant':22s} {'tok/s':>8s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}  greedy = float32")
+    ref = results.get("float32")
+    if args.rounds > 1:
+        print(f"median of {args.rounds} rounds (range); vs bf16: the median of each round's own ratio")
+    header = f"{'variant':22s} {'tok/s':>8s} {'range':>13s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}"
+    print(f"{header}  greedy = float32")
     for variant, r in results.items():
         if r is None:
             continue
-        ratio = f"{r['tok_s'] / base['tok_s']:.2f}x" if base else "-"
+        runs = [rnd for rnd in rounds if rnd.get(variant)]  # llama.cpp: the first round's only
+        rates = [rnd[variant]["tok_s"] for rnd in runs]
+        ratios = [rnd[variant]["tok_s"] / rnd["bfloat16"]["tok_s"] for rnd in runs if rnd.get("bfloat16")]
+        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+        spread = f"{min(rates):.1f}-{max(rates):.1f}"
         same = f"{sum(a == b for a, b in zip(r['outputs'], ref['outputs']))}/{len(r['outputs'])}" if ref else "-"
-        print(f"{variant:22s} {r['tok_s']:8.1f} {ratio:>8s} {r['startup_s']:7.1f}s {r['peak_rss_mb']:7.0f}MB  {same}")
+        print(
+            f"{variant:22s} {statistics.median(rates):8.1f} {spread:>13s} {ratio:>8s} {r['startup_s']:7.1f}s "
+            f"{r['peak_rss_mb']:7.0f}MB  {same}"
+        )
+
+
+def run_in_child(variant: str, args) -> dict | None:
+    """One variant in its own process (its startup and peak RSS its own): the child's RESULT line."""
+    cmd = [sys.executable, __file__, "--variant", variant, "--model-path", args.model_path]
+    for name in (*WORKLOAD_ARGS, "max_total_tokens"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--enable-torch-compile"] if args.enable_torch_compile else []
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        print(f"  ! {variant} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+        return None
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 if __name__ == "__main__":
