@@ -135,8 +135,8 @@ def test_smollm2_from_its_gguf_file_matches_the_float_conversion(monkeypatch, mm
     path off (MMVQ_MAX_ROWS = 0) every GEMM keeps float activations, so the only difference is
     float32 summation order: logits within 1e-3 (measured: about 6e-5 on logits of magnitude ~30).
     As served, a GEMM of up to 15 rows (decode, these short prompts, the LM head) rounds its
-    activations to 8 bits per block, as llama.cpp does: the greedy tokens still agree here, the
-    logits within 2 (measured: 0.2 to 1.0), KL under 1e-2 (measured: 5e-4 and 1.2e-3)."""
+    activations to 8 bits per block, as llama.cpp does: the logits within 2 (measured: 0.2 to 1.0),
+    KL under 1e-2 (measured: 5e-4 and 1.2e-3), and the greedy tokens the same up to a near-tie."""
     from minisgl.entrypoints.engine import Engine
     from minisgl.model_loader.gguf import bundled_gguf_path
     from minisgl.tools.quant_accuracy import last_position_logits
@@ -154,10 +154,18 @@ def test_smollm2_from_its_gguf_file_matches_the_float_conversion(monkeypatch, mm
         ids = quant.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
         params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
         outs = [e.generate(input_ids=[ids], sampling_params=params)[0]["output_ids"] for e in (quant, ref)]
-        assert outs[0] == outs[1]
+        atol = 2.0 if mmvq else 1e-3
+        if outs[0] != outs[1]:
+            # With 8-bit activations a near-tie may go the other way (on an AMX Xeon, token 15: the
+            # float model's top two logits 0.004 apart). Only there: the quantized model's token must
+            # be within the logits' tolerance of the float model's choice at the first difference.
+            assert mmvq, "float activations on the same weights must give the same tokens"
+            i = next(k for k, (a, b) in enumerate(zip(*outs)) if a != b)
+            logits = last_position_logits(ref, [ids + outs[1][:i]])[0]
+            assert logits[outs[1][i]] - logits[outs[0][i]] < atol
         prompts = [ids, ids[:5]]
         got, want = last_position_logits(quant, prompts), last_position_logits(ref, prompts)
-        torch.testing.assert_close(got, want, rtol=0, atol=2.0 if mmvq else 1e-3)
+        torch.testing.assert_close(got, want, rtol=0, atol=atol)
         kl = torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="none")
         assert kl.sum(-1).max() < (1e-2 if mmvq else 1e-6)
     finally:
