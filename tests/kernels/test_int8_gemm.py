@@ -104,7 +104,17 @@ def test_vnni_int8_layout_and_compensation(N, K):
 
 
 @pytest.mark.parametrize(
-    "M,N,K", [(1, 16, 64), (3, 40, 33), (8, 48, 64), (9, 576, 576), (33, 80, 128), (70, 100, 130), (200, 96, 1536)]
+    "M,N,K",
+    [
+        (1, 16, 64),
+        (3, 40, 33),
+        (4, 576, 576),
+        (8, 48, 64),
+        (9, 576, 576),
+        (33, 80, 128),
+        (70, 100, 130),
+        (200, 96, 1536),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -112,7 +122,8 @@ def test_vnni_int8_layout_and_compensation(N, K):
 def test_vnni_int8_gemm_equals_the_avx2_one_bit_for_bit(M, N, K, dtype, with_bias, brgemm, monkeypatch):
     """vpdpbusd's sums (activations shifted by 128, the shift taken back out exactly) are the same
     integers as vpmaddwd's, and the epilogue is the same float32 arithmetic: identical outputs.
-    M covers 1 and 2 panels per tile, 1-8 rows per tile and more than one 128-row chunk. With
+    M covers 1 and 2 panels per tile, 1-8 rows per tile and more than one 128-row chunk; 4 rows by
+    576 columns, each thread's long run of panel pairs, every tile prefetching the next pair. With
     MINISGL_BRGEMM=1 blocks over 4 rows take the AMX-int8 path's oneDNN brgemm (u8 x s8 -> s32, on
     vpdpbusd where the CPU has no AMX): the same exact sums, so the same outputs. Unset (None), a CPU
     with amx_int8 multiplies them on minisgl's own tiles (gemm_amx.h) where K is a multiple of 64:

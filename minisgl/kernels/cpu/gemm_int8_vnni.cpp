@@ -53,7 +53,10 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
                       : tile_amx_int8<1, 1>(rows_a, lda, panel, panel_bytes, K4, sums);
         }
       } else {
-        sums_int8(a + m * lda, lda, panel, panel_bytes, K4, rows, panels, brgemm, sums);
+        // A unit's pairs are consecutive: a tile of few rows prefetches the next pair (where that
+        // pair is a single panel, the second prefetch reads past it: prefetches never fault).
+        const int8_t* next = p + 2 < p1 ? panel + 2 * panel_bytes : nullptr;
+        sums_int8(a + m * lda, lda, panel, panel_bytes, K4, rows, panels, brgemm, sums, next);
       }
       for (int64_t j = 0; j < panels; ++j) {
         const int64_t nj = n0 + j * INT8_PANEL_N;
@@ -122,9 +125,10 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
             quantize_row_u8(mat1.data_ptr<scalar_t>() + m * K, K, K4, a.data_ptr<uint8_t>() + m * K4 * 4);
       }
     });
-    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time).
+    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to
+    // STREAM_ROWS rows, one run of pairs per thread.
     const int64_t pairs = (panels + 1) / 2;
-    for_each_unit(
+    for_each_gemm_run(
         M, pairs, CHUNK_M,
         [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {
           if (tiles) configure_amx_tiles();
