@@ -12,17 +12,17 @@ Drafts:
   (minisgl.tools.make_draft_model): no training, same tokenizer.
 - EAGLE / EAGLE3: one-layer heads reading the target's hidden states, trained by
   ``python -m minisgl.tools.train_eagle`` (run here with its defaults when no head is given:
-  about 15 minutes for the EAGLE head on 2 idle cores of an AVX-512 EPYC, longer without AVX512-BF16
-  and for EAGLE3, whose features take a transformers pass; the first time only, cached). EAGLE drafts
-  over its hot-token map (--speculative-token-map), EAGLE3 over its own draft vocabulary.
-  Both draft a chain (--speculative-eagle-topk 1, --speculative-num-draft-tokens k + 1), and
-  with --eagle-topk 1 4 also a tree of 4 branches per step whose --num-draft-tokens best
-  nodes are verified at once.
+  about 17 minutes for the EAGLE head on 2 cores of a Xeon with AMX, longer without
+  AVX512-BF16 and for EAGLE3, whose features take a transformers pass; the first time only,
+  cached). EAGLE drafts over its hot-token map (--speculative-token-map), EAGLE3 over its own
+  draft vocabulary. Both draft a chain (--speculative-eagle-topk 1,
+  --speculative-num-draft-tokens k + 1), and with --eagle-topk 1 4 also a tree of 4 branches
+  per step whose --num-draft-tokens best nodes are verified at once.
 
 Workload: --num-prompts chat questions (the model's chat template; the heads were trained
-on prompts made from the repository's docs and on questions the model wrote itself, never
-on these), --max-new-tokens tokens each,
-EOS ignored so every engine generates exactly the same number of tokens, run --batch-size
+on prompts made from the repository's docs, on questions the model wrote itself and on
+questions on a list of subjects none of these asks about, never on these), --max-new-tokens
+tokens each, EOS ignored so every engine generates exactly the same number of tokens, run --batch-size
 requests at a time. For each configuration it prints generated tokens/s, the speedup over
 plain decoding in the same dtype and batch size, the accept length (tokens per target
 forward, SGLang's spec_accept_length), the accept rate (draft tokens kept / drafted), the

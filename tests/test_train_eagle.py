@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import re
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from minisgl.tools.eagle_data import engine_features, generate, self_prompts, target_features
+from minisgl.tools.eagle_data import engine_features, generate, self_prompts, target_features, topic_prompts
 from minisgl.tools.make_tiny_model import make_tiny_model
 from minisgl.tools.train_eagle import epoch_batches, served_walk, train
 
@@ -129,6 +132,40 @@ def test_self_prompts_sample_the_users_turn_and_keep_finished_questions():
     assert self_prompts(engine, 5, seed=1) == ["What makes rain fall?", "How do tides work?"]
     assert engine.prompts == ["<|system|>hi<|end|><|user|>"] * 5
     assert len({p["seed"] for p in engine.params}) == 5 and all(p["temperature"] == 1.0 for p in engine.params)
+
+
+def test_topic_prompts_are_distinct_repeatable_and_never_the_benchmarks_subjects():
+    # The head is judged on bench_speculative.py's questions, so its training prompts must not ask
+    # about their subjects: every question's subject is below, and no topic prompt may name one.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+    from bench_speculative import QUESTIONS
+
+    prompts = topic_prompts(10_000, seed=0)
+    assert len(prompts) == len(set(prompts)) > 2000
+    assert topic_prompts(50, seed=0) == prompts[:50] and topic_prompts(50, seed=1) != prompts[:50]
+    subjects = [
+        "france",
+        "hash table",
+        "sea",
+        "plant",
+        "language",
+        "sky",
+        "cpu",
+        "salad",
+        "water cycle",
+        "weather",
+        "climate",
+        "bicycle",
+        "cinderella",
+        "prime number",
+        "vaccine",
+        "planet",
+        "machine learning",
+    ]
+    patterns = [re.compile(rf"\b{subject}s?\b", re.IGNORECASE) for subject in subjects]
+    assert all(any(p.search(q) for p in patterns) for q in QUESTIONS)  # every question's subject is listed
+    for subject, pattern in zip(subjects, patterns):
+        assert not [p for p in prompts if pattern.search(p)], subject
 
 
 def test_engine_features_are_the_targets_final_hidden_states(tiny_target):

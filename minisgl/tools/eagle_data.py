@@ -50,6 +50,54 @@ def repo_prompts(num_prompts: int, seed: int) -> list[str]:
     return [prompts[i] for i in order[:num_prompts]]
 
 
+# General subjects for topic_prompts. None is a subject of bench_speculative.py's questions (no
+# climate, sea, plants, planets, weather, fairy tales, vaccines...), so the benchmark stays unseen.
+TOPICS = """the moon; volcanoes; earthquakes; the human heart; sleep; coffee; tea; bread baking; chess; football;
+basketball; the Olympic Games; the Roman Empire; ancient Egypt; the pyramids; the printing press; the Industrial
+Revolution; electricity; magnets; gravity; black holes; the sun; stars; comets; rainbows; thunderstorms; hurricanes;
+deserts; rainforests; coral reefs; whales; dolphins; bees; ants; butterflies; dinosaurs; evolution; DNA; cells;
+bacteria; the brain; memory; exercise; healthy eating; vitamins; meditation; stress; time management; public
+speaking; writing an essay; job interviews; saving money; budgeting; investing; inflation; taxes; banks; credit
+cards; the stock market; supply and demand; democracy; elections; the United Nations; human rights; recycling;
+solar power; wind energy; electric cars; airplanes; trains; rockets; the internet; email; smartphones; passwords;
+computer viruses; databases; programming in Python; recursion; sorting algorithms; binary numbers; encryption;
+cloud computing; video games; photography; painting; music theory; the guitar; the piano; jazz; poetry;
+Shakespeare; Greek mythology; dragons; friendship; kindness; happiness; gardening; tomatoes; cooking pasta; making
+soup; pizza; chocolate; cats; dogs; horses; birds; penguins; mountains; rivers; the Amazon river; Mount Everest;
+Japan; Italy; Egypt; Canada; Australia; libraries; museums; schools; teachers; homework; fractions; geometry;
+triangles; probability; algebra; calculus; statistics; maps; compasses; clocks; calendars; the seasons; winter;
+summer; birthdays; holidays; travel; camping; hiking; swimming; running a marathon; yoga; first aid; fire safety;
+bridges; skyscrapers; cars; engines; batteries; light; sound; color; mirrors; telescopes; microscopes; the
+periodic table; water; salt; sugar; plastic; glass; paper; trees; forests; flowers; mushrooms; islands; glaciers"""
+TOPIC_TEMPLATES = (
+    "Tell me about {}.",
+    "Explain {} in simple terms.",
+    "Tell me three facts about {}.",
+    "Write a short poem about {}.",
+    "Explain the basics of {}.",
+    "What is interesting about {}?",
+    "Give me some tips about {}.",
+    "Describe {} to a child.",
+    "Write a short story about {}.",
+    "What are the pros and cons of {}?",
+    "Summarize the history of {}.",
+    "List five things to know about {}.",
+    "Can you explain {} in two sentences?",
+    "What should I know about {}?",
+)
+
+
+def topic_prompts(num_prompts: int, seed: int) -> list[str]:
+    """Short general chat questions: a subject from TOPICS in one of TOPIC_TEMPLATES' phrasings (none
+    conjugates a verb with the subject, which may be plural), the kind of message chat corpora hold
+    and the benchmark asks. More self-written questions did not raise the head's acceptance on the
+    benchmark's questions; these did (the tp-worker chapter, "Questions on a list of subjects")."""
+    topics = [t.strip() for t in " ".join(TOPICS.split()).split(";")]
+    pairs = [template.format(topic) for topic in topics for template in TOPIC_TEMPLATES]
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
+    return [pairs[i] for i in order[:num_prompts]]
+
+
 def self_prompts(engine, num_prompts: int, seed: int) -> list[str]:
     """User messages the model writes itself: the chat template up to the user's turn, sampled (Magpie).
 

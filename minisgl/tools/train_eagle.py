@@ -6,11 +6,12 @@
 No trained head can be downloaded here, so the tool makes one (SGLang serves heads trained
 elsewhere, e.g. by SpecForge; this is the small version of that recipe):
 
-1. Self-distillation data. The prompts come from two places: the text the repository ships
+1. Self-distillation data. The prompts come from three places: the text the repository ships
    (the book's headings and paragraphs, README, benchmarks/data) made into chat questions,
-   and questions the model writes itself (Magpie, Xu et al. 2024: given the chat template up
+   questions the model writes itself (Magpie, Xu et al. 2024: given the chat template up
    to the user's turn and nothing else, an instruct model samples a typical user message),
-   which stand in for the chat data SpecForge trains on and cannot be downloaded here.
+   and short general questions on a list of subjects (eagle_data.topic_prompts); the last two
+   stand in for the chat data SpecForge trains on, which cannot be downloaded here.
    minisgl's own Engine (bfloat16, batched) then generates greedy answers to all of them, EOS
    ignored, as the benchmark decodes: the head learns the text it will be asked to draft.
 2. Features, what the serving draft reads. EAGLE's is the target's final hidden state (after
@@ -54,12 +55,19 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH, cache_root, resolve_model_path
-from minisgl.tools.eagle_data import bf16_autocast, engine_features, generate, repo_prompts, target_features
+from minisgl.tools.eagle_data import (
+    bf16_autocast,
+    engine_features,
+    generate,
+    repo_prompts,
+    target_features,
+    topic_prompts,
+)
 from minisgl.tools.eagle_head import ALGORITHMS, EagleHead
 
 # Bump when the recipe changes, so cached files are not reused across recipes: DATA_VERSION for
 # the generated answers, VERSION for the training (a new one retrains on the cached answers).
-DATA_VERSION, VERSION = 3, 4
+DATA_VERSION, VERSION = 4, 4
 
 
 def progress(message: str) -> None:
@@ -218,14 +226,15 @@ def cache_key(args: argparse.Namespace, model_path: str, fields: tuple[str, ...]
 def self_distillation_data(args: argparse.Namespace, model_path: str, log=progress):
     """The generated sequences and their final hidden states, cached once per (model, prompts,
     lengths) for both algorithms."""
-    key = cache_key(args, model_path, ("num_prompts", "num_self_prompts", "max_new_tokens", "seed"), DATA_VERSION)
+    fields = ("num_prompts", "num_self_prompts", "num_topic_prompts", "max_new_tokens", "seed")
+    key = cache_key(args, model_path, fields, DATA_VERSION)
     path = cache_root() / "eagle" / f"answers-{key}.pt"
     if path.is_file():
         return torch.load(path)
-    prompts = repo_prompts(args.num_prompts, args.seed)
+    prompts = repo_prompts(args.num_prompts, args.seed) + topic_prompts(args.num_topic_prompts, args.seed)
     log(
         f"generating {args.num_self_prompts} questions, then greedy answers of {args.max_new_tokens} tokens"
-        f" to them and {len(prompts)} prompts from the repository, with minisgl's Engine"
+        f" to them and {len(prompts)} prompts from the repository and the topic list, with minisgl's Engine"
     )
     start = time.perf_counter()
     sequences, features = generate(model_path, prompts, args.num_self_prompts, args.seed, args.max_new_tokens, log)
@@ -242,6 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", help="the head's folder (default: a cache folder named by the inputs)")
     parser.add_argument("--num-prompts", type=int, default=400, help="prompts made from the repository's text")
     parser.add_argument("--num-self-prompts", type=int, default=1400, help="questions the model writes itself")
+    parser.add_argument("--num-topic-prompts", type=int, default=1500, help="general questions on listed subjects")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="greedy answer length per prompt")
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
     parser.add_argument("--hot-vocab-size", type=int, default=2048, help="tokens the head can draft")
