@@ -91,7 +91,8 @@ def topic_prompts(num_prompts: int, seed: int) -> list[str]:
     """Short general chat questions: a subject from TOPICS in one of TOPIC_TEMPLATES' phrasings (none
     conjugates a verb with the subject, which may be plural), the kind of message chat corpora hold
     and the benchmark asks. More self-written questions did not raise the head's acceptance on the
-    benchmark's questions; these did (the tp-worker chapter, "Questions on a list of subjects")."""
+    benchmark's questions; 1,500 of these did, by a few hundredths at 300 steps (the tp-worker
+    chapter, "Questions on a list of subjects")."""
     topics = [t.strip() for t in " ".join(TOPICS.split()).split(";")]
     pairs = [template.format(topic) for topic in topics for template in TOPIC_TEMPLATES]
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
