@@ -143,7 +143,7 @@ def check_vnni_gemm(dtype, rows, with_bias, k=70):
     return y
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 31, 32, 33, 100])  # tile, brgemm and row-block edges
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 8, 9, 16, 31, 32, 33, 100])  # tile, brgemm and row-block edges
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
     """vdpbf16ps for up to 4 rows; above that, AMX tiles where the CPU has them, else vdpbf16ps."""
