@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--algorithm", choices=ALGORITHMS, required=True)
     parser.add_argument("--out", help="the head's folder (default: a cache folder named by the inputs)")
     parser.add_argument("--num-prompts", type=int, default=400, help="prompts made from the repository's text")
-    parser.add_argument("--num-self-prompts", type=int, default=1400, help="questions the model writes itself")
+    parser.add_argument("--num-self-prompts", type=int, default=700, help="questions the model writes itself")
     parser.add_argument("--num-topic-prompts", type=int, default=1500, help="general questions on listed subjects")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="greedy answer length per prompt")
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
