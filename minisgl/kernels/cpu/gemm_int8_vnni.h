@@ -15,7 +15,7 @@ namespace minisgl {
 constexpr int64_t INT8_PANEL_N = 16;   // columns per panel: one zmm of int32 sums
 constexpr int64_t INT8_ROW_BYTES = 64;  // one k-quad of a panel
 constexpr int INT8_TILE_ROWS = 8;       // 8 rows x 2 panels = 16 zmm accumulators, of 32
-constexpr int64_t INT8_PREFETCH_ROWS = 4;  // tiles of up to this many rows prefetch the next pair
+constexpr int64_t INT8_PREFETCH_ROWS = 4;  // blocks of up to this many rows prefetch the next pair
 
 #define MINISGL_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -59,8 +59,8 @@ MINISGL_AVX512_VNNI float quantize_row_u8(const scalar_t* x, int64_t K, int64_t 
 // and nothing else live: with a 2-D array, or with the epilogue in the same function, GCC copied
 // every accumulator to another register and back on each k-step, two instructions per vpdpbusd.
 // Unless `next` is null, each k-step also prefetches the same k-quad of the PANELS panels that
-// start at `next` (the next pair), as the bf16 tile does for few rows (gemm_vnni.h): such a tile
-// waits on the weights alone.
+// start at `next` (the next pair), as the bf16 tile does (gemm_vnni.h): a tile of few rows, or the
+// first block of many, waits on the weights alone.
 template <int ROWS, int PANELS>
 MINISGL_AVX512_VNNI void tile_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes,
                                    int64_t K4, int32_t* sums, const int8_t* next = nullptr) {
@@ -100,8 +100,8 @@ constexpr int64_t INT8_BRGEMM_ROWS = 32;  // rows per brgemm call (two AMX tiles
 // consecutive panels, panel_bytes apart: exact int32 sums, the +128 shift still in. With `brgemm`,
 // at::native::cpublas::brgemm takes each panel whole in one call (u8 x s8 -> s32, which AMX-int8's
 // tdpbusd computes; a panel's K / 4 rows of 16 columns by 4 bytes are the VNNI layout it reads), rows
-// <= INT8_BRGEMM_ROWS, and the calling thread releases the tiles when done; else vpdpbusd tiles of 8
-// (which prefetch `next`, the following pair, when there are at most INT8_PREFETCH_ROWS rows).
+// <= INT8_BRGEMM_ROWS, and the calling thread releases the tiles when done; else vpdpbusd tiles of 8,
+// which prefetch `next`, the following pair, unless it is null (the caller decides: gemm_chunk).
 MINISGL_AVX512_VNNI inline void sums_int8(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t panel_bytes,
                                           int64_t K4, int64_t rows, int64_t panels, bool brgemm, int32_t* sums,
                                           const int8_t* next = nullptr) {
@@ -115,9 +115,8 @@ MINISGL_AVX512_VNNI inline void sums_int8(const uint8_t* a, int64_t lda, const i
   for (int64_t r0 = 0; r0 < rows; r0 += INT8_TILE_ROWS) {
     with_rows<INT8_TILE_ROWS>(std::min<int64_t>(INT8_TILE_ROWS, rows - r0), [&]<int R>() MINISGL_AVX512_VNNI {
       int32_t* out = sums + r0 * 2 * INT8_PANEL_N;
-      const int8_t* prefetch = rows <= INT8_PREFETCH_ROWS ? next : nullptr;
-      panels == 2 ? tile_int8<R, 2>(a + r0 * lda, lda, panel, panel_bytes, K4, out, prefetch)
-                  : tile_int8<R, 1>(a + r0 * lda, lda, panel, panel_bytes, K4, out, prefetch);
+      panels == 2 ? tile_int8<R, 2>(a + r0 * lda, lda, panel, panel_bytes, K4, out, next)
+                  : tile_int8<R, 1>(a + r0 * lda, lda, panel, panel_bytes, K4, out, next);
     });
   }
 }
