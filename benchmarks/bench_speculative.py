@@ -12,7 +12,7 @@ Drafts:
   (minisgl.tools.make_draft_model): no training, same tokenizer.
 - EAGLE / EAGLE3: one-layer heads reading the target's hidden states, trained by
   ``python -m minisgl.tools.train_eagle`` (run here with its defaults when no head is given:
-  15 to 17 minutes for the EAGLE head on 2 cores of a Zen 4 EPYC, longer without
+  16 1/2 minutes for the EAGLE head on 2 cores of a Zen 4 EPYC, longer without
   AVX512-BF16 and for EAGLE3, whose features take a transformers pass; the first time only,
   cached). EAGLE drafts over its hot-token map (--speculative-token-map), EAGLE3 over its own
   draft vocabulary. Both draft a chain (--speculative-eagle-topk 1,

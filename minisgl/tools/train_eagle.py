@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--held-out", type=float, default=0.1, help="share of prompts kept for the estimate")
     parser.add_argument("--hot-vocab-size", type=int, default=2048, help="tokens the head can draft")
     parser.add_argument("--num-steps", type=int, default=3, help="draft chain length trained and estimated")
-    parser.add_argument("--train-steps", type=int, default=1000)
+    parser.add_argument("--train-steps", type=int, default=1300)
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per training step")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
