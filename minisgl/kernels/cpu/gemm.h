@@ -29,7 +29,7 @@ inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
 
 // C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
 // accumulators are registers. Meanwhile, unless `next` is null, k-step k prefetches the 128 bytes
-// at the same k-step of the next panel (see gemm_panel). Kept out of line: inlined into gemm_rows,
+// at `next` plus the k-step's own offset in the panel (gemm_panel says where `next` points). Kept out of line: inlined into gemm_rows,
 // all heights at once, it measured about 5% slower.
 template <int ROWS, typename w_t, typename out_t>
 __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const w_t* __restrict B, int64_t K,
@@ -77,15 +77,21 @@ inline int64_t prefetch_rows() {
 }
 
 // C[rows, BLOCK_N] = A[rows, K] times one panel + bias, in tiles of nearly equal height (64 rows
-// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the first tile prefetches
-// `next`, the panel to be multiplied after this one (none if null), so that it is in L2 once this one
-// is done; the other tiles read this panel from L2, and a second prefetch of the same lines measured
-// 1-10% slower on the Xeon above (32 rows: 51.0 against 46.4 ms).
+// with AVX-512: 11, 11, 11, 11, 10, 10). With rows <= prefetch_rows(), the first tile prefetches:
+// up to STREAM_ROWS rows, STREAM_PREFETCH_BYTES ahead of itself in the thread's run of consecutive
+// panels (common.h; past the last panel too, as a prefetch never faults); with more, `next`, the
+// panel to be multiplied after this one (none if null), so that it is in L2 once this one is done.
+// The other tiles read this panel from L2, and a second prefetch of the same lines measured 1-10%
+// slower on the Xeon above (32 rows: 51.0 against 46.4 ms).
 template <typename w_t, typename out_t>
 void gemm_panel(const float* A, int64_t lda, const w_t* panel, int64_t K, out_t* C, int64_t ldc, const out_t* bias,
                 int64_t rows, const w_t* next) {
   const int64_t tiles = (rows + MAX_ROWS - 1) / MAX_ROWS;
-  const char* ahead = next && rows <= prefetch_rows() ? reinterpret_cast<const char*>(next) : nullptr;
+  const char* ahead = nullptr;
+  if (rows <= prefetch_rows()) {
+    ahead = rows <= STREAM_ROWS ? reinterpret_cast<const char*>(panel) + STREAM_PREFETCH_BYTES
+                                : reinterpret_cast<const char*>(next);
+  }
   int64_t m = 0;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t height = (rows - m + (tiles - t) - 1) / (tiles - t);

@@ -112,11 +112,15 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                                           A + r0 * lda, panel, scratch);
               store_scratch(scratch, rows, out, N, panel_bias);
             } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-              // A unit's panels are consecutive: a tile of few rows prefetches the next one, and so
-              // does every tile of the unit's first block when it takes more than one (gemm_vnni.h).
-              const bool ahead = rows <= DPBF16_PREFETCH_ROWS || (rows > DPBF16_ROWS && r0 == m0);
-              const char* next =
-                  ahead && nb + 1 < nb1 ? reinterpret_cast<const char*>(panel + K * VNNI_BLOCK_N) : nullptr;
+              // A unit's panels are consecutive: a tile of few rows prefetches a fixed distance ahead
+              // in them (past the last panel too: a prefetch never faults; common.h), and every tile
+              // of the unit's first block, when it takes more than one, the next panel (gemm_vnni.h).
+              const char* next = nullptr;
+              if (rows <= DPBF16_PREFETCH_ROWS) {
+                next = reinterpret_cast<const char*>(panel) + STREAM_PREFETCH_BYTES;
+              } else if (rows > DPBF16_ROWS && r0 == m0 && nb + 1 < nb1) {
+                next = reinterpret_cast<const char*>(panel + K * VNNI_BLOCK_N);
+              }
               for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
                 with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
                   tile_dpbf16_store<R>(A + (r0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias, next);

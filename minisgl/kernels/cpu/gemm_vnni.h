@@ -25,16 +25,17 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
-// Up to this many rows a vdpbf16ps tile prefetches the next panel (gemm.h's prefetch_rows() for
-// the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers from DRAM
-// (bench_gguf_gemm.py): 1 row about level with the FMA panels with it (11.9 against 12.1 ms; without,
-// 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows
-// that CPU uses its AMX tiles. A panel of more rows than one tile takes (DPBF16_ROWS) is prefetched
-// too, by every tile of the first block of rows: its first tile waits on memory and the others run
-// from cache, and without the prefetch the memory sat idle while they did. On a 2-core Zen 4 EPYC
-// (no AMX), SmolLM2's 120 layer GEMMs and LM head, the old and the new rule alternated nine times in
-// one process, the new one took this share of the old one's time (median of the paired ratios):
-// 12 rows 0.88, 16 rows 0.86, 32 rows 0.93, 64 rows 0.95, 128 rows 0.99; 8 rows, one tile, 1.00.
+// Up to this many rows a vdpbf16ps tile prefetches the weights ahead of itself (gemm.h's
+// prefetch_rows() for the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
+// from DRAM (bench_gguf_gemm.py), prefetching the next panel: 1 row about level with the FMA panels
+// with it (11.9 against 12.1 ms; without, 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against
+// 20.5 and 20.4 without; above 4 rows that CPU uses its AMX tiles. A panel of more rows than one tile
+// takes (DPBF16_ROWS) is prefetched too, by every tile of the first block of rows: its first tile
+// waits on memory and the others run from cache, and without the prefetch the memory sat idle while
+// they did. On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs and LM head, the old and the
+// new rule alternated nine times in one process, the new one took this share of the old one's time
+// (median of the paired ratios): 12 rows 0.88, 16 rows 0.86, 32 rows 0.93, 64 rows 0.95, 128 rows
+// 0.99; 8 rows, one tile, 1.00.
 constexpr int64_t DPBF16_PREFETCH_ROWS = 4;
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
@@ -46,8 +47,9 @@ MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
 // row; then store(r, lo, hi) for each row with its 32 float32 results (columns 0-15 and 16-31). Every
 // k-step loads one 32-bit pair of A per row (broadcast to all lanes) and the panel's 64 values for
 // that pair. The store is inlined after the loop, so the accumulators stay in registers. Unless
-// `next` is null, each k-step also prefetches the same k-step of the next panel (gemm.h's tile does
-// the same, and for the same reason: one or two rows wait on the weights alone).
+// `next` is null, each k-step also prefetches the 128 bytes at `next` plus the k-step's own offset in
+// the panel: the caller points `next` at the next panel, or STREAM_PREFETCH_BYTES past this one (gemm.h's
+// tile prefetches too, and for the same reason: one or two rows wait on the weights alone).
 template <int ROWS, typename Store>
 MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
                                             __m512 init0, __m512 init1, Store&& store, const char* next = nullptr) {
