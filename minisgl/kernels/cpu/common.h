@@ -286,11 +286,13 @@ constexpr int64_t STREAM_ROWS = 4;
 // 4 KB, 8 and 12 KB 0.94-1.01, no prefetch at all 1.00-1.10. Not measured on an Intel CPU.
 constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
 
-// for_each_unit for a GEMM's rows and panels, except that up to STREAM_ROWS rows each thread takes one
-// contiguous run of the panels (fn(0, M, nb0, nb1) once per thread, then after()).
+// for_each_unit for a GEMM's rows and panels, except that up to stream_rows rows (STREAM_ROWS unless
+// the caller says otherwise) each thread takes one contiguous run of the panels (fn(0, M, nb0, nb1)
+// once per thread, then after()).
 template <typename Fn, typename After = void (*)()>
-void for_each_gemm_run(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn, After&& after = [] {}) {
-  if (M > STREAM_ROWS) return for_each_unit(M, NB, chunk_m, fn, after);
+void for_each_gemm_run(int64_t M, int64_t NB, int64_t chunk_m, Fn&& fn, After&& after = [] {},
+                       int64_t stream_rows = STREAM_ROWS) {
+  if (M > stream_rows) return for_each_unit(M, NB, chunk_m, fn, after);
   if (M == 0 || NB == 0) return;
   at::parallel_for(0, NB, 1, [&](int64_t nb0, int64_t nb1) {
     fn(0, M, nb0, nb1);

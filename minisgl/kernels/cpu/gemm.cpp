@@ -110,7 +110,11 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
       const auto rows = [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
       };
-      for_each_gemm_run(M, NB, CHUNK_M, rows);
+      // Up to one tile's rows each panel is read once, by one tile, so each thread streams one run of
+      // panels (for_each_gemm_run), as at STREAM_ROWS. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs
+      // and LM head from DRAM, runs against units alternated in one process (10 rounds a run, median of
+      // the paired ratios): 0.93 and 0.95 of the time at 8 rows, 0.95 at 10 and 12, 0.93 at 6.
+      for_each_gemm_run(M, NB, CHUNK_M, rows, [] {}, MAX_ROWS);
     });
   });
   return out;
