@@ -217,6 +217,41 @@ def test_extend_attention_on_brgemm_matches_sdpa(head_dim, monkeypatch):
     test_extend_attention_with_a_tree_mask_matches_sdpa(*bf16, head_dim)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("extend_len,tree", [(8, True), (10, False)])
+def test_extend_attention_of_one_small_request_gives_the_same_bits_on_any_number_of_threads(dtype, extend_len, tree):
+    """An EAGLE verify at batch 1: one request's 8 (or 10) tokens over 3 KV heads are 3 work items,
+    fewer than two per thread, so with 2 or 4 threads extend.cpp cuts them into blocks of 4 (or 5)
+    tokens, with 1 thread it keeps one block. The blocks change who computes a row, not how: every
+    thread count gives the same bits, and SDPA's result."""
+    prefix, g = 100, torch.Generator().manual_seed(11)
+    c = make_paged_case([prefix], [extend_len], 9, 3, 64, dtype, 12)
+    key, value, loc = new_kv(c, [extend_len], 3, dtype)
+    mask = (
+        random_tree_mask(prefix, extend_len, g)
+        if tree
+        else torch.ones(extend_len, prefix + extend_len).tril(prefix).bool()
+    )
+    outputs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            o = torch.empty(extend_len, 9, 64, dtype=dtype)
+            ops.extend_attention_cpu(
+                c["q"], o, c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"], c["req_pool_indices"],
+                c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125, mask.flatten() if tree else None,
+            )  # fmt: skip
+            outputs.append(o)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outputs[0], o) for o in outputs[1:])
+    q = c["q"].double().transpose(0, 1)
+    k, v = (buf[c["slots"][0].long()].double().transpose(0, 1) for buf in (c["k_buffer"], c["v_buffer"]))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
+    torch.testing.assert_close(outputs[0].double(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
 def test_extend_attention_with_a_mask_reads_new_keys_from_their_own_slots():
     """EAGLE's draft steps: a request's lanes are one-token extends sharing its req_to_token row,
     each in its own slot past the row's prefix, each seeing the prefix's keys that are its

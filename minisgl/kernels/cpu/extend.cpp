@@ -8,6 +8,8 @@
 //
 // An EAGLE tree (minisgl/speculative/eagle_utils.py) narrows the causal mask with a custom one,
 // as SGLang's GPU extend kernels take `custom_mask`; sgl-kernel's CPU kernel has none.
+#include <array>
+
 #include "attention.h"
 
 namespace minisgl {
@@ -86,14 +88,36 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
   const int64_t* ext_start = extend_start_loc.data_ptr<int64_t>();
   const int64_t* req_idx = req_pool_indices.data_ptr<int64_t>();
 
-  // Blocks of up to kBlock query tokens; a block's scores are [block * group, its kv_len].
+  // A request's new tokens go in blocks of up to `block` (32) of nearly equal length, each of at least
+  // min_block tokens where it has that many, so that every block's rows fill a score tile
+  // (scores_by_tile); a block's scores are [its tokens * group, its kv_len].
   constexpr int64_t kBlock = 32;
-  std::vector<std::pair<int64_t, int64_t>> blocks;  // (request, first new token)
+  const int64_t min_block = (kScoreRows + a.group - 1) / a.group;
+  const auto num_blocks_of = [&](int64_t ext, int64_t block) {
+    return ext == 0 ? 0 : std::max<int64_t>(1, std::min((ext + block - 1) / block, ext / min_block));
+  };
   int64_t max_len = 0;
   for (int64_t b = 0; b < bs; ++b) {
     TORCH_CHECK(lens[b] <= max_context && ext_lens[b] <= lens[b], "extend_attention_cpu: bad lengths");
     max_len = std::max(max_len, lens[b]);
-    for (int64_t first = 0; first < ext_lens[b]; first += kBlock) blocks.emplace_back(b, first);
+  }
+  // Work items are (block, KV head). An EAGLE verify at batch 1 (8 tokens over SmolLM2's 3 KV heads)
+  // made 3 items for 2 threads: one thread took two, the other one and then waited. With fewer items
+  // than two per thread the blocks are halved, down to min_block: 6 items there.
+  int64_t block = kBlock;
+  const auto num_items = [&](int64_t blk) {
+    int64_t n = 0;
+    for (int64_t b = 0; b < bs; ++b) n += num_blocks_of(ext_lens[b], blk);
+    return n * a.num_kv_heads;
+  };
+  while (block > min_block && num_items(block) < 2 * at::get_num_threads()) block = std::max(min_block, block / 2);
+  std::vector<std::array<int64_t, 3>> blocks;  // (request, first new token, tokens)
+  for (int64_t b = 0; b < bs; ++b) {
+    const int64_t n = num_blocks_of(ext_lens[b], block);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t first = ext_lens[b] * i / n;
+      blocks.push_back({b, first, ext_lens[b] * (i + 1) / n - first});
+    }
   }
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
   const TreeMask tree = custom_mask ? tree_mask(*custom_mask, loc, req_to_token, req_pool_indices, seq_lens,
@@ -116,9 +140,8 @@ void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buff
         at::parallel_for(0, num_blocks * a.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
           Scratch& scratch = Scratch::for_this_thread(kBlock * a.group, a.head_dim, max_len);
           for (int64_t item = begin; item < end; ++item) {
-            const auto [b, first] = blocks[item % num_blocks];
+            const auto [b, first, count] = blocks[item % num_blocks];
             const int64_t head = item / num_blocks;
-            const int64_t count = std::min(kBlock, ext_lens[b] - first);
             const int32_t* slots_b = tree.mask ? tree.slots.data() + tree.slot_start[b]
                                                : req_to_token.data_ptr<int32_t>() + req_idx[b] * max_context;
             const bool* mask_b = tree.mask ? tree.mask + tree.mask_start[b] + first * lens[b] : nullptr;
