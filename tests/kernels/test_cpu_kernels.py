@@ -221,8 +221,8 @@ def test_extend_attention_on_brgemm_matches_sdpa(head_dim, monkeypatch):
 @pytest.mark.parametrize("extend_len,tree", [(8, True), (10, False)])
 def test_extend_attention_of_one_small_request_gives_the_same_bits_on_any_number_of_threads(dtype, extend_len, tree):
     """An EAGLE verify at batch 1: one request's 8 (or 10) tokens over 3 KV heads are 3 work items,
-    fewer than two per thread, so with 2 or 4 threads extend.cpp cuts them into blocks of 4 (or 5)
-    tokens, with 1 thread it keeps one block. The blocks change who computes a row, not how: every
+    fewer than two per thread, so with 2 or 4 threads extend.cpp cuts them into smaller blocks (of 4
+    or 5 tokens with AVX-512), with 1 thread it keeps one block. The blocks change who computes a row, not how: every
     thread count gives the same bits, and SDPA's result."""
     prefix, g = 100, torch.Generator().manual_seed(11)
     c = make_paged_case([prefix], [extend_len], 9, 3, 64, dtype, 12)

@@ -27,9 +27,9 @@ inline std::pair<fVec, fVec> load_panel_row(const w_t* p) {
   return {load_float(p), load_float(p + VLEN)};
 }
 
-// C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the
-// accumulators are registers. Meanwhile, unless `next` is null, k-step k prefetches the 128 bytes
-// at `next` plus the k-step's own offset in the panel (gemm_panel says where `next` points). Kept out of line: inlined into gemm_rows,
+// C[ROWS, BLOCK_N] = A[ROWS, K] B[K, BLOCK_N] + bias. ROWS is a template parameter so the accumulators are
+// registers. Meanwhile, unless `next` is null, k-step k prefetches the 128 bytes at `next` plus the k-step's
+// own offset in the panel (gemm_panel says where `next` points). Kept out of line: inlined into gemm_rows,
 // all heights at once, it measured about 5% slower.
 template <int ROWS, typename w_t, typename out_t>
 __attribute__((noinline)) void tile(const float* __restrict A, int64_t lda, const w_t* __restrict B, int64_t K,

@@ -58,18 +58,18 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
   }
 }
 
-// Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the
-// float32 and int8 GEMMs do), or up to STREAM_ROWS rows one run of panels per thread
-// (for_each_gemm_run), and on vdpbf16ps up to one tile's DPBF16_ROWS: there too each panel is read
-// once, by one tile, so the weights are one stream per thread. On a 2-core Zen 4 EPYC, SmolLM2's 120
-// layer GEMMs and LM head at 8 rows (an EAGLE tree of 8 nodes), weights from DRAM, units and runs
-// alternated in one process (12 rounds a run, median of the paired ratios): runs took 0.89, 0.93 and
-// 0.95 of the time in three runs, 0.95 at 6 rows. Within a unit each panel meets all of the chunk's rows, 32 at a time, before
-// the next panel, so a weight is read from memory once per chunk: with row blocks outermost (each
-// thread its own rows, every panel) both threads streamed the whole weight, and SmolLM2's 30 layers
-// at 64 rows took 48 ms instead of 21 on AMX (a 2-core Xeon; bench_gguf_gemm.py). A thread's units
-// share brgemm's tile configuration, which it releases when done (sgl-kernel does the same per
-// parallel_2d range); minisgl's own tiles (amx_tiles) are configured once per unit.
+// Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the float32 and
+// int8 GEMMs do), or up to STREAM_ROWS rows one run of panels per thread (for_each_gemm_run), and on
+// vdpbf16ps up to one tile's DPBF16_ROWS: there too each panel is read once, by one tile, so the weights are
+// one stream per thread. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs and LM head at 8 rows (an EAGLE
+// tree of 8 nodes), weights from DRAM, units and runs alternated in one process (12 rounds a run, median of
+// the paired ratios): runs took 0.89, 0.93 and 0.95 of the time in three runs, 0.95 at 6 rows. Within a unit
+// each panel meets all of the chunk's rows, 32 at a time, before the next panel, so a weight is read from
+// memory once per chunk: with row blocks outermost (each thread its own rows, every panel) both threads
+// streamed the whole weight, and SmolLM2's 30 layers at 64 rows took 48 ms instead of 21 on AMX (a 2-core
+// Xeon; bench_gguf_gemm.py). A thread's units share brgemm's tile configuration, which it releases when done
+// (sgl-kernel does the same per parallel_2d range); minisgl's own tiles (amx_tiles) are configured once per
+// unit.
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
                int64_t N, int64_t K, bool use_brgemm, bool amx_tiles) {

@@ -43,13 +43,13 @@ MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
-// Rows [0, ROWS) of A[ROWS, K] times one panel, by vdpbf16ps, starting from (init0, init1) in every
-// row; then store(r, lo, hi) for each row with its 32 float32 results (columns 0-15 and 16-31). Every
-// k-step loads one 32-bit pair of A per row (broadcast to all lanes) and the panel's 64 values for
-// that pair. The store is inlined after the loop, so the accumulators stay in registers. Unless
-// `next` is null, each k-step also prefetches the 128 bytes at `next` plus the k-step's own offset in
-// the panel: the caller points `next` at the next panel, or STREAM_PREFETCH_BYTES past this one (gemm.h's
-// tile prefetches too, and for the same reason: one or two rows wait on the weights alone).
+// Rows [0, ROWS) of A[ROWS, K] times one panel, by vdpbf16ps, starting from (init0, init1) in every row; then
+// store(r, lo, hi) for each row with its 32 float32 results (columns 0-15 and 16-31). Every k-step loads one
+// 32-bit pair of A per row (broadcast to all lanes) and the panel's 64 values for that pair. The store is
+// inlined after the loop, so the accumulators stay in registers. Unless `next` is null, each k-step also
+// prefetches the 128 bytes at `next` plus the k-step's own offset in the panel: the caller points `next` at
+// the next panel, or STREAM_PREFETCH_BYTES past this one (gemm.h's tile prefetches too, and for the same
+// reason: one or two rows wait on the weights alone).
 template <int ROWS, typename Store>
 MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
                                             __m512 init0, __m512 init1, Store&& store, const char* next = nullptr) {
