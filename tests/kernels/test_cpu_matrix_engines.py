@@ -143,12 +143,28 @@ def check_vnni_gemm(dtype, rows, with_bias, k=70):
     return y
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 8, 9, 16, 31, 32, 33, 100])  # tile, brgemm and row-block edges
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 31, 32, 33, 100])  # tile and block edges
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
     """vdpbf16ps for up to 4 rows; above that, AMX tiles where the CPU has them, else vdpbf16ps."""
     needs("avx512_bf16")
     check_vnni_gemm(torch.bfloat16, rows, with_bias)
+
+
+@pytest.mark.parametrize("rows", [8, 10, 12, 13, 20])  # one tile of 8, one of 9-12, tiles of 8 and the rest
+def test_vdpbf16ps_tiles_give_each_row_the_bits_it_gets_alone(rows):
+    """On vdpbf16ps a row's dot products run in the same order whatever tile holds it (one of up to 12
+    rows, or 8 and the rest), so each row of a block comes out as it does multiplied on its own."""
+    needs("avx512_bf16")
+    if "amx_bf16" in cpu_features():
+        pytest.skip("needs a CPU without amx_bf16: there more than 4 rows go to the AMX tiles")
+    g = torch.Generator().manual_seed(rows)
+    weight = ops.convert_weight_packed_vnni(torch.randn(96, 576, generator=g).bfloat16())
+    bias = torch.randn(96, generator=g).bfloat16()
+    x = torch.randn(rows, 576, generator=g).bfloat16()
+    y = ops.weight_packed_linear(x, weight, bias)
+    alone = torch.cat([ops.weight_packed_linear(x[i : i + 1], weight, bias) for i in range(rows)])
+    assert torch.equal(y, alone)
 
 
 @pytest.mark.parametrize("rows", [5, 33, 300])

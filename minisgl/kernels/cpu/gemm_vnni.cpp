@@ -60,7 +60,7 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 
 // Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the float32 and
 // int8 GEMMs do), or up to STREAM_ROWS rows one run of panels per thread (for_each_gemm_run), and on
-// vdpbf16ps up to one tile's DPBF16_ROWS: there too each panel is read once, by one tile, so the weights are
+// vdpbf16ps up to one tile's DPBF16_ONE_TILE_ROWS: there too each panel is read once, by one tile, so the weights are
 // one stream per thread. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs and LM head at 8 rows (an EAGLE
 // tree of 8 nodes), weights from DRAM, units and runs alternated in one process (12 rounds a run, median of
 // the paired ratios): runs took 0.89, 0.93 and 0.95 of the time in three runs, 0.95 at 6 rows. Within a unit
@@ -73,7 +73,7 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
                int64_t N, int64_t K, bool use_brgemm, bool amx_tiles) {
-  const int64_t stream_rows = use_brgemm || amx_tiles ? STREAM_ROWS : DPBF16_ROWS;
+  const int64_t stream_rows = use_brgemm || amx_tiles ? STREAM_ROWS : DPBF16_ONE_TILE_ROWS;
   for_each_gemm_run(
       M, N / VNNI_BLOCK_N, CHUNK_M,
       [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
@@ -117,17 +117,20 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                                           A + r0 * lda, panel, scratch);
               store_scratch(scratch, rows, out, N, panel_bias);
             } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-              // A unit's panels are consecutive: a tile of few rows prefetches a fixed distance ahead
-              // in them (past the last panel too: a prefetch never faults; common.h), and every tile
-              // of the unit's first block, when it takes more than one, the next panel (gemm_vnni.h).
+              // A unit's panels are consecutive: a tile of up to 4 rows, or one of 9-12 (the block's only
+              // tile), prefetches a fixed distance ahead in them (past the last panel too: a prefetch never
+              // faults; common.h); without it 9 and 10 rows took 1.6 times as long as in two tiles. Every
+              // tile of the unit's first block, when it takes more than one, prefetches the next panel
+              // (gemm_vnni.h).
+              const int64_t tile = rows <= DPBF16_ONE_TILE_ROWS ? rows : DPBF16_ROWS;
               const char* next = nullptr;
-              if (rows <= DPBF16_PREFETCH_ROWS) {
+              if (rows <= DPBF16_PREFETCH_ROWS || tile > DPBF16_ROWS) {
                 next = reinterpret_cast<const char*>(panel) + STREAM_PREFETCH_BYTES;
-              } else if (rows > DPBF16_ROWS && r0 == m0 && nb + 1 < nb1) {
+              } else if (tile < rows && r0 == m0 && nb + 1 < nb1) {
                 next = reinterpret_cast<const char*>(panel + K * VNNI_BLOCK_N);
               }
-              for (int64_t r = 0; r < rows; r += DPBF16_ROWS) {
-                with_rows<DPBF16_ROWS>(std::min<int64_t>(DPBF16_ROWS, rows - r), [&]<int R>() {
+              for (int64_t r = 0; r < rows; r += tile) {
+                with_rows<DPBF16_ONE_TILE_ROWS>(std::min<int64_t>(tile, rows - r), [&]<int R>() {
                   tile_dpbf16_store<R>(A + (r0 + r) * lda, lda, panel, K, out + r * N, N, panel_bias, next);
                 });
               }

@@ -25,6 +25,14 @@ constexpr int64_t VNNI_BLOCK_M = 32;  // rows per brgemm call (two AMX tiles of 
 // AMD EPYC (Zen 5 flags) 8 rows took the 64-row GEMMs of SmolLM2's layers from about 600 to 850 GFLOP/s,
 // since 8 chains of dependent vdpbf16ps leave the two pipes waiting on the instruction's latency.
 constexpr int DPBF16_ROWS = 8;
+// Up to this many rows a block of rows is one tile (24 accumulators, 27 of the 32 zmm registers), so a
+// verify of 9-12 rows (an EAGLE tree of 10 nodes) reads each panel once, as 8 rows do, where 8 + the
+// rest read it twice. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs and LM head from DRAM (huge
+// pages), one tile against 8 + the rest alternated 7-9 times in one process, median of the paired ratios:
+// 9 rows 0.83-0.92, 10 rows 0.86-0.89, 12 rows 0.84-0.89 (two prefetch rules, within 4% of each other).
+// Above 12 rows the 8-row tiles stay: 12-row tiles everywhere took 1.02-1.07 of the time from 16 to
+// 128 rows, where the GEMM is bound by vdpbf16ps rather than by memory.
+constexpr int DPBF16_ONE_TILE_ROWS = 12;
 // Up to this many rows a vdpbf16ps tile prefetches the weights ahead of itself (gemm.h's
 // prefetch_rows() for the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
 // from DRAM (bench_gguf_gemm.py), prefetching the next panel: 1 row about level with the FMA panels
@@ -54,7 +62,7 @@ template <int ROWS, typename Store>
 MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
                                             __m512 init0, __m512 init1, Store&& store, const char* next = nullptr) {
   __m512 c0[ROWS], c1[ROWS];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < ROWS; ++r) {
     c0[r] = init0;
     c1[r] = init1;
@@ -66,7 +74,7 @@ MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, 
       _mm_prefetch(next + k2 * 4 * VNNI_BLOCK_N, _MM_HINT_T1);
       _mm_prefetch(next + k2 * 4 * VNNI_BLOCK_N + 64, _MM_HINT_T1);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r) {
       int32_t pair;
       std::memcpy(&pair, A + r * lda + 2 * k2, sizeof(pair));  // x[r, 2 k2] and x[r, 2 k2 + 1]
@@ -75,7 +83,7 @@ MINISGL_AVX512_BF16 inline void tile_dpbf16(const at::BFloat16* A, int64_t lda, 
       c1[r] = _mm512_dpbf16_ps(c1[r], a, w1);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < ROWS; ++r) store(r, c0[r], c1[r]);
 }
 
