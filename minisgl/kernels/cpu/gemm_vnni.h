@@ -37,13 +37,14 @@ constexpr int DPBF16_ONE_TILE_ROWS = 12;
 // prefetch_rows() for the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
 // from DRAM (bench_gguf_gemm.py), prefetching the next panel: 1 row about level with the FMA panels
 // with it (11.9 against 12.1 ms; without, 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against
-// 20.5 and 20.4 without; above 4 rows that CPU uses its AMX tiles. A panel of more rows than one tile
-// takes (DPBF16_ROWS) is prefetched too, by every tile of the first block of rows: its first tile
+// 20.5 and 20.4 without; above 4 rows that CPU uses its AMX tiles. A one-tile block of 9-12 rows
+// prefetches a fixed distance ahead as well (gemm_vnni.cpp). A panel of more rows than one tile takes
+// (DPBF16_ONE_TILE_ROWS) is prefetched too, by every tile of the first block of rows: its first tile
 // waits on memory and the others run from cache, and without the prefetch the memory sat idle while
 // they did. On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs and LM head, the old and the
 // new rule alternated nine times in one process, the new one took this share of the old one's time
-// (median of the paired ratios): 12 rows 0.88, 16 rows 0.86, 32 rows 0.93, 64 rows 0.95, 128 rows
-// 0.99; 8 rows, one tile, 1.00.
+// (median of the paired ratios): 12 rows 0.88 (two tiles then), 16 rows 0.86, 32 rows 0.93, 64 rows
+// 0.95, 128 rows 0.99; 8 rows, one tile, 1.00.
 constexpr int64_t DPBF16_PREFETCH_ROWS = 4;
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
