@@ -33,8 +33,8 @@ constexpr int DPBF16_ROWS = 8;
 // Above 12 rows the 8-row tiles stay: 12-row tiles everywhere took 1.02-1.07 of the time from 16 to
 // 128 rows, where the GEMM is bound by vdpbf16ps rather than by memory.
 constexpr int DPBF16_ONE_TILE_ROWS = 12;
-// Up to this many rows a vdpbf16ps tile prefetches the weights ahead of itself (gemm.h's
-// prefetch_rows() for the FMA panels). On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
+// Up to this many rows a vdpbf16ps tile prefetches the weights ahead of itself, chosen by vendor at run time
+// as gemm.h's prefetch_rows() is for the FMA panels. On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
 // from DRAM (bench_gguf_gemm.py), prefetching the next panel: 1 row about level with the FMA panels
 // with it (11.9 against 12.1 ms; without, 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against
 // 20.5 and 20.4 without; above 4 rows that CPU uses its AMX tiles. A one-tile block of 9-12 rows
@@ -44,8 +44,16 @@ constexpr int DPBF16_ONE_TILE_ROWS = 12;
 // they did. On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs and LM head, the old and the
 // new rule alternated nine times in one process, the new one took this share of the old one's time
 // (median of the paired ratios): 12 rows 0.88 (two tiles then), 16 rows 0.86, 32 rows 0.93, 64 rows
-// 0.95, 128 rows 0.99; 8 rows, one tile, 1.00.
-constexpr int64_t DPBF16_PREFETCH_ROWS = 4;
+// 0.95, 128 rows 0.99; 8 rows, one tile, 1.00. On that EPYC with the weights on huge pages (huge_pages.py),
+// only one row still gained: the 120 layer GEMMs of a bfloat16 engine's decode steps, timed inside it with the
+// prefetch switched per call by a temporary environment variable and alternated 5-9 times in one process
+// (median of the paired ratios, without against with), took 1.04 at 1 row, 0.90 and 0.98 at 2, 1.00 at 3,
+// 0.83, 0.92 and 0.99 at 4; and in a scratch loop over the same shapes on huge pages 1.05, 0.96 and 0.97 at 1,
+// 2 and 4 rows (on 4 KiB pages 1.21, 1.06 and 1.01: there the prefetch is what crosses page boundaries).
+inline int64_t dpbf16_prefetch_rows() {
+  static const int64_t rows = __builtin_cpu_is("intel") ? 4 : 1;
+  return rows;
+}
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
 MINISGL_AVX512_BF16 inline __m512 bf16_to_f32(const at::BFloat16* p) {
