@@ -49,7 +49,8 @@ constexpr int DPBF16_ONE_TILE_ROWS = 12;
 // prefetch switched per call by a temporary environment variable and alternated 5-9 times in one process
 // (median of the paired ratios, without against with), took 1.04 at 1 row, 0.90 and 0.98 at 2, 1.00 at 3,
 // 0.83, 0.92 and 0.99 at 4; and in a scratch loop over the same shapes on huge pages 1.05, 0.96 and 0.97 at 1,
-// 2 and 4 rows (on 4 KiB pages 1.21, 1.06 and 1.01: there the prefetch is what crosses page boundaries).
+// 2 and 4 rows, on 4 KiB pages 1.21, 1.06 and 1.01 (the likely reason, not checked with counters: on 4 KiB
+// pages the hardware prefetcher's stream stops at every page, and the software prefetch carries it over).
 inline int64_t dpbf16_prefetch_rows() {
   static const int64_t rows = __builtin_cpu_is("intel") ? 4 : 1;
   return rows;
