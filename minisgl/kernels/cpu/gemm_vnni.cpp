@@ -117,15 +117,14 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                                           A + r0 * lda, panel, scratch);
               store_scratch(scratch, rows, out, N, panel_bias);
             } else if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-              // A unit's panels are consecutive: a tile of few rows (dpbf16_prefetch_rows(), by vendor), or
-              // one of 9-12 (the block's only tile), prefetches a fixed distance ahead in them (past the last
-              // panel too: a prefetch never faults; common.h); without it 9 and 10 rows took 1.6 times as
-              // long as in two tiles in a scratch loop, and 1.11 times inside an engine's EAGLE verify.
-              // Every tile of the unit's first block, when it takes more than one, prefetches the next
-              // panel (gemm_vnni.h).
+              // A unit's panels are consecutive: a block that is one tile prefetches a fixed distance ahead
+              // in them at the heights dpbf16_prefetch_ahead() names by vendor (past the last panel too: a
+              // prefetch never faults; common.h); without it 9 and 10 rows took 1.6 times as long as in two
+              // tiles in a scratch loop, and 1.11 times inside an engine's EAGLE verify. Every tile of the
+              // unit's first block, when it takes more than one, prefetches the next panel (gemm_vnni.h).
               const int64_t tile = rows <= DPBF16_ONE_TILE_ROWS ? rows : DPBF16_ROWS;
               const char* next = nullptr;
-              if (rows <= dpbf16_prefetch_rows() || tile > DPBF16_ROWS) {
+              if (tile == rows && dpbf16_prefetch_ahead(rows)) {
                 next = reinterpret_cast<const char*>(panel) + STREAM_PREFETCH_BYTES;
               } else if (tile < rows && r0 == m0 && nb + 1 < nb1) {
                 next = reinterpret_cast<const char*>(panel + K * VNNI_BLOCK_N);

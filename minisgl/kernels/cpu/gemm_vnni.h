@@ -33,27 +33,28 @@ constexpr int DPBF16_ROWS = 8;
 // Above 12 rows the 8-row tiles stay: 12-row tiles everywhere took 1.02-1.07 of the time from 16 to
 // 128 rows, where the GEMM is bound by vdpbf16ps rather than by memory.
 constexpr int DPBF16_ONE_TILE_ROWS = 12;
-// Up to this many rows a vdpbf16ps tile prefetches the weights ahead of itself, chosen by vendor at run time
-// as gemm.h's prefetch_rows() is for the FMA panels. On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers
-// from DRAM (bench_gguf_gemm.py), prefetching the next panel: 1 row about level with the FMA panels
-// with it (11.9 against 12.1 ms; without, 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against
-// 20.5 and 20.4 without; above 4 rows that CPU uses its AMX tiles. A one-tile block of 9-12 rows
-// prefetches a fixed distance ahead as well (gemm_vnni.cpp). A panel of more rows than one tile takes
-// (DPBF16_ONE_TILE_ROWS) is prefetched too, by every tile of the first block of rows: its first tile
-// waits on memory and the others run from cache, and without the prefetch the memory sat idle while
-// they did. On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs and LM head, the old and the
-// new rule alternated nine times in one process, the new one took this share of the old one's time
-// (median of the paired ratios): 12 rows 0.88 (two tiles then), 16 rows 0.86, 32 rows 0.93, 64 rows
-// 0.95, 128 rows 0.99; 8 rows, one tile, 1.00. On that EPYC with the weights on huge pages (huge_pages.py),
-// only one row still gained: the 120 layer GEMMs of a bfloat16 engine's decode steps, timed inside it with the
-// prefetch switched per call by a temporary environment variable and alternated 5-9 times in one process
-// (median of the paired ratios, without against with), took 1.04 at 1 row, 0.90 and 0.98 at 2, 1.00 at 3,
-// 0.83, 0.92 and 0.99 at 4; and in a scratch loop over the same shapes on huge pages 1.05, 0.96 and 0.97 at 1,
-// 2 and 4 rows, on 4 KiB pages 1.21, 1.06 and 1.01 (the likely reason, not checked with counters: on 4 KiB
-// pages the hardware prefetcher's stream stops at every page, and the software prefetch carries it over).
-inline int64_t dpbf16_prefetch_rows() {
-  static const int64_t rows = __builtin_cpu_is("intel") ? 4 : 1;
-  return rows;
+// Whether a block of `rows` that is one tile (rows <= DPBF16_ONE_TILE_ROWS) prefetches the weights ahead of
+// itself, chosen by vendor at run time as gemm.h's prefetch_rows() is for the FMA panels; a block of more rows
+// than one tile takes prefetches the next panel (gemm_vnni.cpp).
+// - On a 2-core Xeon with AMX (Emerald Rapids), SmolLM2's 30 layers from DRAM (bench_gguf_gemm.py),
+//   prefetching the next panel: 1 row about level with the FMA panels with it (11.9 against 12.1 ms;
+//   without, 12.0 against 9.6), and 3 and 4 rows 15.6 and 16.5 ms against 20.5 and 20.4 without; above 4 rows
+//   that CPU uses its AMX tiles.
+// - On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs and LM head, every tile of a multi-tile
+//   block's first rows prefetching the next panel against none, alternated nine times in one process, took
+//   this share of the time (median of the paired ratios): 12 rows 0.88 (two tiles then), 16 rows 0.86, 32
+//   rows 0.93, 64 rows 0.95, 128 rows 0.99. With the weights on huge pages (huge_pages.py), the 120 layer
+//   GEMMs of a bfloat16 engine's decode steps, timed inside it with a 4 KB prefetch switched per call by a
+//   temporary environment variable, alternated 5-9 times in one process, took without it this share of the
+//   time with it: 1 row 1.04; 2 rows 0.90 and 0.98, 3 rows 1.00, 4 rows 0.83, 0.92 and 0.99, 5 rows 0.96 and
+//   0.96; 6 rows 1.06, 7 rows 1.07, 8 rows 1.04 and 1.04 (an EAGLE verify's rows), 10 rows 1.11. A scratch
+//   loop over the same shapes on huge pages gave 1.05, 0.96 and 0.97 at 1, 2 and 4 rows, on 4 KiB pages
+//   1.21, 1.06 and 1.01 (the likely reason, not checked with counters: on 4 KiB pages the hardware
+//   prefetcher's stream stops at every page, and the software prefetch carries it over).
+inline bool dpbf16_prefetch_ahead(int64_t rows) {
+  static const bool intel = __builtin_cpu_is("intel");
+  if (intel) return rows <= 4 || rows > DPBF16_ROWS;  // 5-8 rows: the Xeon's AMX tiles, not measured
+  return rows == 1 || rows >= 6;
 }
 
 // 16 bf16 values widened to float32 (exact): a bias, as the accumulators' starting value.
