@@ -169,6 +169,13 @@ class SamplingBatchInfo:
                     grammar.fill_vocab_mask(self.vocab_mask, i)
             self.vocab_mask = first_grammar.move_vocab_mask(self.vocab_mask, self.device)
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether apply_logits_bias changes anything (it leaves a batch without penalties, grammar,
+        logit_bias, min_new_tokens or custom processors as it is)."""
+        edits = (self.output_token_counts, self.vocab_mask, self.logit_bias, self.min_new_tokens_mask)
+        return any(x is not None for x in edits) or bool(self.custom_logit_processors)
+
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
         """Edit logits in place: penalties, the vocab mask, then additive logit_bias (SGLang's order).
         The mask's -inf survives the bias: no bias can revive a token the grammar forbids."""
