@@ -151,6 +151,16 @@ def test_eagle_logprobs_are_the_targets(tmp_path_factory):
         assert_logprobs_close(ours["meta_info"], theirs["meta_info"])
 
 
+def test_eagle_verify_applies_logit_bias(tmp_path_factory):
+    # A greedy batch that edits no logits takes the verify's argmax without repeat_rows
+    # (SamplingBatchInfo.edits_logits); one with a logit_bias must still have it at every node,
+    # or the round would emit the unbiased target's tokens.
+    free = _plain("llama", params={**GREEDY, "max_new_tokens": 8})
+    params = {**GREEDY, "max_new_tokens": 8, "logit_bias": {str(free[0][2]): -100.0}}
+    assert _plain("llama", params=params) != free  # the bias changes the target's own greedy tokens
+    _check("llama", "EAGLE", TREE, tmp_path_factory, params=params, disable_radix_cache=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])

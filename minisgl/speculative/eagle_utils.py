@@ -103,7 +103,7 @@ def build_tree_kernel_efficient(
             rows[k + 1] = [mine or above for mine, above in zip(rows[k + 1], rows[p])]
         tree_mask.append(rows)
     parents, depths = torch.tensor(parents, dtype=torch.int64), torch.tensor(depths, dtype=torch.int64)
-    tree_mask = torch.tensor(tree_mask, dtype=torch.bool).view(bs, n, n)
+    tree_mask = torch.tensor(tree_mask, dtype=torch.bool)  # [bs, n, n]
     masks = [
         torch.cat([torch.ones(n, L, dtype=torch.bool), tree_mask[b]], dim=1).flatten()
         for b, L in enumerate(prefix_lens)
