@@ -39,9 +39,9 @@ length exceeds (verify + k drafts) in target steps. A cut of d layers costs abou
 reduced LM head, a few percent. Large batches are compute-bound, where verifying rejected
 drafts is pure waste. Wall-clock numbers move with the host; compare ratios within one run.
 --enable-torch-compile runs every configuration, plain decoding included, with CPUGraphRunner:
-plain decode steps, a target's verify, STANDALONE's and an EAGLE head's draft steps compiled
-(the head's draft extend after verify stays eager when a request brings more than one token);
-each batch size's buckets compile in the warm-up, outside the timing.
+plain decode steps, a target's verify, STANDALONE's and an EAGLE head's draft steps compiled,
+and the head's draft extend after verify; each batch size's buckets compile in the warm-up,
+outside the timing.
 --rounds N runs plain decoding and every configuration once per round, in turn, N times,
 and shows each row's fastest run: a shared host that slows down for a minute then slows
 every configuration's worst run, not one configuration's only run.

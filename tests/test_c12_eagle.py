@@ -310,8 +310,9 @@ def test_eagle_compiled_verify_is_the_target(arch, algorithm, shape, tmp_path_fa
     """enable_torch_compile: the target's verify runs compiled (CPUGraphRunner in TARGET_VERIFY,
     graph_runner.py), three requests padded to a bucket of four, the tree's mask in its static
     buffer, and so do the head's draft steps (DRAFT_EXTEND, one token on each of a request's
-    lanes, their features in a static buffer); the oracle's runs are accepted, the output is the
-    target's, every slot comes back."""
+    lanes, their features in a static buffer), and so does the draft extend after verify (its own
+    runner: each request's 1 to k + 1 tokens in k + 1 rows); the oracle's runs are accepted, the
+    output is the target's, every slot comes back."""
     compile_ = dict(enable_torch_compile=True, torch_compile_max_bs=4)
     engine, _ = _check(
         arch, algorithm, shape, tmp_path_factory, disable_radix_cache=True, attention_backend="intel_amx", **compile_
@@ -322,22 +323,27 @@ def test_eagle_compiled_verify_is_the_target(arch, algorithm, shape, tmp_path_fa
     draft = engine.scheduler.draft_worker.model_runner.graph_runner
     assert draft.capture_forward_mode == ForwardMode.DRAFT_EXTEND and draft.compile_seconds
     assert (draft.custom_mask is not None) == (shape is TREE)
-    # The trace names each forward's path: every verify and every draft step replays a graph;
-    # a draft extend over what verify accepted replays the chain's graph when every request
-    # brings one token, and runs eagerly otherwise.
+    extend = engine.scheduler.draft_worker.draft_extend_graph_runner
+    assert extend.capture_forward_mode == ForwardMode.DRAFT_EXTEND and extend.custom_mask is None
+    assert extend.num_tokens_per_bs == shape["speculative_num_steps"] + 1
+    # The trace names each forward's path: every verify and every draft step replays a graph,
+    # and every draft extend over what verify accepted replays the extend's; a prompt's draft
+    # extend, longer than k + 1 tokens, runs eagerly.
     with tracing.record() as events:
         engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     modes = [e["forward_mode"] for e in events if e["event"] == "ModelRunner.forward" and e["phase"] == "begin"]
     branches = [e["branch"] for e in events if e["event"] == "ModelRunner.forward.dispatch"]
-    assert {(m, b) for m, b in zip(modes, branches) if m != "EXTEND"} >= {
+    assert {(m, b) for m, b in zip(modes, branches) if m != "EXTEND"} == {
         ("TARGET_VERIFY", "graph_replay"),
         ("DRAFT_EXTEND", "graph_replay"),
         ("DRAFT_EXTEND", "extend"),
     }
-    assert ("TARGET_VERIFY", "extend") not in set(zip(modes, branches))
     steps = [e for span in children(events, "EAGLEWorker.draft") for e in span]
     step_branches = [e["branch"] for e in steps if e["event"] == "ModelRunner.forward.dispatch"]
     assert step_branches and set(step_branches) == {"graph_replay"}
+    rounds = len(children(events, "EAGLEWorker.verify"))
+    replays = [e for e in events if e["event"] == "EAGLEWorker.run_draft_extend.dispatch"]
+    assert rounds and len(replays) >= rounds and 4 in extend.compile_seconds
 
 
 def test_eagle_golden_trace_matches():

@@ -11,6 +11,7 @@ import torch
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import can_build
+from minisgl.layers.logits_processor import LogitsProcessor
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.model_executor.graph_runner import GraphRunner, get_batch_sizes_to_capture
 from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH
@@ -159,6 +160,63 @@ def test_draft_step_buffers_and_padding():
     static = runner.static_batch(4)
     assert static.capture_hidden_mode == CaptureHiddenMode.LAST and static.extend_seq_lens.tolist() == [1] * 4
     assert static.spec_info.hidden_states.data_ptr() == runner.hidden_states.data_ptr()
+
+
+def test_draft_extend_buffers_and_padding():
+    """An EAGLE head's draft extend after verify: each request's 1 to k + 1 accepted tokens at the
+    start of its k + 1 rows, the real counts in extend_seq_lens; every other row is token 0 at
+    position 0 in slot 0, even where the last round put a real token; a padding request is k + 1
+    tokens with no prefix. LogitsProcessor's last row of each request is then start + count - 1."""
+    pool = types.SimpleNamespace(size=4, req_to_token=torch.zeros(4, 16, dtype=torch.int32))
+    model_runner = types.SimpleNamespace(
+        device="cpu", req_to_token_pool=pool, token_to_kv_pool=None, attn_backend=None, dtype=torch.float32
+    )
+    runner = _Runner(model_runner, 4, num_tokens_per_bs=3, extend_features=2)
+    assert runner.capture_forward_mode == ForwardMode.DRAFT_EXTEND and runner.custom_mask is None
+    assert tuple(runner.hidden_states.shape) == (4 * 3, 2)
+
+    def batch(lens, first_token):
+        tokens = sum(lens)
+        return types.SimpleNamespace(
+            batch_size=len(lens),
+            input_ids=torch.arange(first_token, first_token + tokens),
+            req_pool_indices=torch.arange(1, len(lens) + 1),
+            seq_lens=torch.tensor([10 + n for n in lens]),
+            out_cache_loc=torch.arange(100, 100 + tokens),
+            positions=torch.arange(50, 50 + tokens),
+            extend_seq_lens=torch.tensor(lens),
+            extend_seq_lens_cpu=lens,
+            spec_info=types.SimpleNamespace(custom_mask=None, hidden_states=torch.arange(2.0 * tokens).view(tokens, 2)),
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+            return_logprob=False,
+        )
+
+    full = batch([3, 3, 3, 3], 1)  # every row real: the next batch must not keep these
+    assert runner.can_run(full) and runner.load_inputs(full) == 4
+    short = batch([1, 3, 2], 20)
+    assert runner.can_run(short) and runner.load_inputs(short) == 4
+    assert runner.input_ids.tolist() == [20, 0, 0, 21, 22, 23, 24, 25, 0, 0, 0, 0]
+    assert runner.out_cache_loc.tolist() == [100, 0, 0, 101, 102, 103, 104, 105, 0, 0, 0, 0]
+    assert runner.positions.tolist() == [50, 0, 0, 51, 52, 53, 54, 55, 0, 0, 0, 0]
+    assert runner.hidden_states[[0, 3, 4, 5, 6, 7], 0].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert runner.extend_seq_lens.tolist() == [1, 3, 2, 3] and runner.seq_lens.tolist() == [11, 13, 12, 3]
+    assert runner.req_pool_indices.tolist() == [1, 2, 3, 0]
+    static = runner.static_batch(4)
+    assert static.capture_hidden_mode == CaptureHiddenMode.LAST and static.input_ids.numel() == 12
+    # LogitsProcessor keeps each request's last token: rows 0, 5, 7 and 11 (the padding's last).
+    features = torch.arange(12.0)[:, None].repeat(1, 2)
+    identity = types.SimpleNamespace(quant_method=None, gemm_weight=torch.eye(2))
+    out = LogitsProcessor(2)(None, features, identity, static)
+    assert out.hidden_states[:, 0].tolist() == out.next_token_logits[:, 0].tolist() == [0.0, 5.0, 7.0, 11.0]
+    # Longer than k + 1 (a prompt's draft extend), a tree's mask or another feature width: eager.
+    assert not runner.can_run(batch([4, 1], 0))
+    with_mask = batch([1, 2], 0)
+    with_mask.spec_info.custom_mask = torch.ones(3, dtype=torch.bool)
+    assert not runner.can_run(with_mask)
+    wide = batch([1, 2], 0)
+    wide.spec_info.hidden_states = torch.zeros(3, 6)
+    assert not runner.can_run(wide)
 
 
 @pytest.mark.slow

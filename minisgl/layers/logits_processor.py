@@ -60,7 +60,10 @@ class LogitsProcessor(nn.Module):
             pruned = hidden_states
             last_index = None
         else:
-            last_index = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
+            # Each request's last token; from where its run starts, not a running sum, because
+            # an EAGLE head's compiled draft extend gives every request the same rows, its tokens
+            # first (graph_runner.py).
+            last_index = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             pruned = hidden_states[last_index]
         output = LogitsProcessorOutput(next_token_logits=self._get_logits(pruned, lm_head))
 

@@ -140,20 +140,30 @@ def _tensors_in(attributes: dict) -> list[torch.Tensor]:
 class CPUGraphRunner(GraphRunner):
     """Mirrors CPUGraphRunner in cpu_graph_runner.py; see the module docstring for the differences."""
 
-    def __init__(self, model_runner: "ModelRunner") -> None:
+    def __init__(self, model_runner: "ModelRunner", extend_features: int = 0) -> None:
+        """extend_features > 0: an EAGLE head's draft extend after verify, whose tokens bring the
+        target's features that wide (EAGLEWorker builds this one; ModelRunner builds the rest)."""
         args = model_runner.server_args
         # A speculating target compiles its verify, an EAGLE head its draft steps (graph_runner.py);
         # STANDALONE's draft model compiles its decode steps.
         speculating = args.speculative_algorithm is not None
         target = speculating and not model_runner.is_draft_worker
         head = speculating and model_runner.is_draft_worker and args.speculative_algorithm in ("EAGLE", "EAGLE3")
-        super().__init__(
-            model_runner,
-            args.torch_compile_max_bs,
-            num_tokens_per_bs=args.speculative_num_draft_tokens if target else 1,
-            tree_mask=(target or head) and args.speculative_eagle_topk > 1,
-            draft_lanes=args.speculative_eagle_topk if head else 0,
-        )
+        if extend_features:  # a request brings 1 to k + 1 tokens (graph_runner.py)
+            super().__init__(
+                model_runner,
+                args.torch_compile_max_bs,
+                num_tokens_per_bs=args.speculative_num_steps + 1,
+                extend_features=extend_features,
+            )
+        else:
+            super().__init__(
+                model_runner,
+                args.torch_compile_max_bs,
+                num_tokens_per_bs=args.speculative_num_draft_tokens if target else 1,
+                tree_mask=(target or head) and args.speculative_eagle_topk > 1,
+                draft_lanes=args.speculative_eagle_topk if head else 0,
+            )
         register_fake_ops()
         set_torch_compile_config(len(self.capture_bs), model_runner.tp_size)
         self.compile_seconds: dict[int, float] = {}  # bucket -> time its first (compiling) replay took
@@ -217,7 +227,8 @@ class CPUGraphRunner(GraphRunner):
 
         After its first run a bucket's graph is called directly, with the tensors it was traced on:
         dynamo is not asked again, so neither its guards nor its Python around the graph run."""
-        rows = forward_batch.batch_size * self.num_tokens_per_bs
+        # Rows out: a verify's every token; a decode's, a draft step's or a draft extend's one a request.
+        rows = forward_batch.batch_size * (1 if self.extend_features else self.num_tokens_per_bs)
         bs = self.load_inputs(forward_batch)
         if bs in self.graphs:
             compiled, inputs = self.graphs[bs]

@@ -20,6 +20,12 @@ a step is one token on each of a request's topk lanes, which reads a feature row
 previous step's output) from a static buffer and, in a tree, sees the prefix and its own
 ancestors through the same kind of mask buffer. SGLang captures the step as DECODE with a
 multi-step attention backend; minisgl keeps the DRAFT_EXTEND batch its eager path runs.
+
+EAGLEWorker also holds a second runner for the head, for the draft extend after verify
+(``extend_features``, SGLang's EAGLEDraftExtendCudaGraphRunner): a request brings the 1 to
+k + 1 tokens verify accepted, so each is given k + 1 rows, its tokens first; the static
+extend_seq_lens hold the real counts, which the attention kernel and the logits' last-row
+index read, so a row past them computes nothing anyone reads and writes its KV to slot 0.
 """
 
 from __future__ import annotations
@@ -53,18 +59,22 @@ class GraphRunner(abc.ABC):
         num_tokens_per_bs: int = 1,
         tree_mask: bool = False,
         draft_lanes: int = 0,
+        extend_features: int = 0,
     ) -> None:
         """num_tokens_per_bs > 1 captures a target's verify of that many tokens a request, with
         a custom mask if tree_mask (an EAGLE tree; a chain's mask is the causal one).
         draft_lanes > 0 captures an EAGLE head's draft step instead: that many one-token lanes a
-        request (the topk), each a row of the graph's batch, with a feature buffer."""
+        request (the topk), each a row of the graph's batch, with a feature buffer.
+        extend_features > 0 captures an EAGLE head's draft extend after verify: up to
+        num_tokens_per_bs tokens a request, each with a feature that wide (the target's)."""
         self.model_runner = model_runner
         self.device = model_runner.device
         lanes = max(draft_lanes, 1)
         self.capture_bs = get_batch_sizes_to_capture(min(max_bs, model_runner.req_to_token_pool.size) * lanes)
         self.max_bs = self.capture_bs[-1]
         self.num_tokens_per_bs = n = num_tokens_per_bs
-        if draft_lanes:
+        self.extend_features = extend_features
+        if draft_lanes or extend_features:
             self.capture_forward_mode = ForwardMode.DRAFT_EXTEND
         else:
             self.capture_forward_mode = ForwardMode.DECODE if n == 1 else ForwardMode.TARGET_VERIFY
@@ -86,6 +96,8 @@ class GraphRunner(abc.ABC):
         if draft_lanes:  # each lane's feature: the previous step's output row
             hidden = model_runner.model_config.hidden_size
             self.hidden_states = torch.zeros(self.max_bs, hidden, dtype=model_runner.dtype, device=self.device)
+        if extend_features:  # each token's feature: the target's, from verify
+            self.hidden_states = torch.zeros(tokens, extend_features, dtype=model_runner.dtype, device=self.device)
 
     def static_buffers(self) -> list[torch.Tensor]:
         """Every tensor a replay writes its batch into."""
@@ -96,6 +108,15 @@ class GraphRunner(abc.ABC):
     def can_run(self, forward_batch: ForwardBatch) -> bool:
         if forward_batch.forward_mode != self.capture_forward_mode or forward_batch.batch_size > self.max_bs:
             return False
+        if self.extend_features:
+            # A draft extend: up to n tokens a request, no mask (a verified path is a chain), the
+            # target's features as wide as the buffer (EAGLE3's three layers).
+            spec_info = forward_batch.spec_info
+            return (
+                max(forward_batch.extend_seq_lens_cpu) <= self.num_tokens_per_bs
+                and spec_info.custom_mask is None
+                and spec_info.hidden_states.shape[-1] == self.extend_features
+            )
         if self.hidden_states is not None:
             # A draft step: one token a lane, a mask exactly when the graph has one (a tree), and a
             # feature as wide as the head's output. A draft extend whose requests each bring one
@@ -131,6 +152,8 @@ class GraphRunner(abc.ABC):
         the dummy slot 0."""
         raw_bs, n = forward_batch.batch_size, self.num_tokens_per_bs
         bs = self.padded_batch_size(raw_bs)
+        if self.extend_features:
+            return self._load_draft_extend(forward_batch, bs)
         self.input_ids[: raw_bs * n].copy_(forward_batch.input_ids)
         self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
@@ -152,12 +175,39 @@ class GraphRunner(abc.ABC):
                 )
         return bs
 
+    def _load_draft_extend(self, forward_batch: ForwardBatch, bs: int) -> int:
+        """A draft extend's tokens, request b's at rows b * n onwards. The other rows are zeroed
+        each time: token 0 at position 0 in the dummy slot 0, so that none writes a real slot."""
+        raw_bs, n = forward_batch.batch_size, self.num_tokens_per_bs
+        rows = torch.tensor(
+            [b * n + j for b, length in enumerate(forward_batch.extend_seq_lens_cpu) for j in range(length)],
+            device=self.device,
+        )
+        for buffer, values in (
+            (self.input_ids, forward_batch.input_ids),
+            (self.out_cache_loc, forward_batch.out_cache_loc),
+            (self.positions, forward_batch.positions),
+        ):
+            buffer[: bs * n].zero_()
+            buffer.index_copy_(0, rows, values)
+        # Rows past a request's tokens keep stale features: finite, and their outputs are dropped.
+        self.hidden_states.index_copy_(0, rows, forward_batch.spec_info.hidden_states.to(self.hidden_states.dtype))
+        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
+        self.extend_seq_lens[:raw_bs].copy_(forward_batch.extend_seq_lens)
+        if bs > raw_bs:  # a padding request: n tokens with no prefix, as in a verify
+            self.req_pool_indices[raw_bs:bs].zero_()
+            self.seq_lens[raw_bs:bs].fill_(n)
+            self.extend_seq_lens[raw_bs:bs].fill_(n)
+        return bs
+
     def static_batch(self, bs: int) -> ForwardBatch:
         """A ForwardBatch of the captured mode over the first bs rows of the static buffers."""
         runner, n = self.model_runner, self.num_tokens_per_bs
         extend, capture = {}, CaptureHiddenMode.NULL
         if self.capture_forward_mode.is_extend():  # what the backend reads; the mask is the whole buffer
-            hidden = None if self.hidden_states is None else self.hidden_states[:bs]
+            rows = bs * n if self.extend_features else bs  # a feature per token, or per lane
+            hidden = None if self.hidden_states is None else self.hidden_states[:rows]
             extend = dict(
                 extend_seq_lens=self.extend_seq_lens[:bs],
                 extend_start_loc=self.extend_start_loc[:bs],
@@ -165,7 +215,8 @@ class GraphRunner(abc.ABC):
                 extend_num_tokens=bs * n,
                 spec_info=types.SimpleNamespace(custom_mask=self.custom_mask, hidden_states=hidden),
             )
-            # A verify keeps every row's state for the draft extend; a draft step its one row.
+            # A verify keeps every row's state for the draft extend; a draft step or extend each
+            # request's last row (LogitsProcessor finds it from extend_start_loc and the lengths).
             capture = CaptureHiddenMode.FULL if hidden is None else CaptureHiddenMode.LAST
         return ForwardBatch(
             forward_mode=self.capture_forward_mode,

@@ -24,9 +24,10 @@ A prefill runs the target (keeping its hidden states), then a draft extend over 
 positions with the tokens shifted by one. The logprobs of a round's tokens are read off
 the verify's logits (spec_utils.attach_verified_logprobs). With --enable-torch-compile the
 draft steps replay a graph (model_executor/graph_runner.py), as SGLang's
-EAGLEDraftCudaGraphRunner captures them; SGLang also captures the draft extend after verify
-(EAGLEDraftExtendCudaGraphRunner, each request padded to k + 1 tokens) and overlaps
-scheduling (eagle_worker_v2.py); omitted.
+EAGLEDraftCudaGraphRunner captures them, and so does the draft extend
+(draft_extend_graph_runner, SGLang's cuda_graph_runner_for_draft_extend: an
+EAGLEDraftExtendCudaGraphRunner, each request given k + 1 rows). SGLang also overlaps
+scheduling with the round (eagle_worker_v2.py); omitted.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from minisgl.speculative.spec_utils import DraftTpModelWorker, attach_verified_l
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ScheduleBatch
+    from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
     from minisgl.model_executor.model_runner import ModelRunner
 
 _HEADS = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3"}
@@ -80,6 +82,19 @@ class EAGLEWorker(DraftTpModelWorker):
                 eagle_config = getattr(self.model_config.hf_config, "eagle_config", None) or {}
                 layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
                 target_worker.model_runner.model.set_eagle3_layers_to_capture(layer_ids)
+            self.draft_extend_graph_runner = self.init_draft_extend_graph()
+
+    def init_draft_extend_graph(self) -> Optional["CPUGraphRunner"]:
+        """The draft extend's graph, where the head compiles its draft steps (a CPU with
+        --enable-torch-compile). Its tokens carry the target's features: the final hidden
+        state (EAGLE) or the layers' inputs side by side (EAGLE3)."""
+        from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+
+        if not isinstance(self.model_runner.graph_runner, CPUGraphRunner):
+            return None
+        target = self.target_worker.model_runner.model
+        layers = len(target.model.layers_to_capture) if self.speculative_algorithm.is_eagle3() else 1
+        return CPUGraphRunner(self.model_runner, extend_features=layers * self.target_worker.model_config.hidden_size)
 
     def _init_model_config(self) -> None:
         """The head must fit the target: refused here, before any weight is read."""
@@ -154,7 +169,13 @@ class EAGLEWorker(DraftTpModelWorker):
         return self.run_draft_extend(batch)
 
     def run_draft_extend(self, batch: ModelWorkerBatch) -> EagleDraftInput:
-        out = self._forward(self.model_runner, batch)
+        forward_batch = ForwardBatch.init_new(batch, self.model_runner)
+        graph = self.draft_extend_graph_runner
+        if graph is not None and graph.can_run(forward_batch):
+            tracing.point("EAGLEWorker.run_draft_extend.dispatch", branch="graph_replay")
+            out = graph.replay(forward_batch)
+        else:
+            out = self.model_runner.forward(forward_batch).logits_output
         topk_p, topk_index = self.draft_topk(out)
         return EagleDraftInput(hidden_states=out.hidden_states, topk_p=topk_p, topk_index=topk_index)
 

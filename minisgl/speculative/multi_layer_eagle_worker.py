@@ -54,6 +54,10 @@ class MultiLayerEagleWorker(EAGLEWorker):
     def draft_models(self) -> list:
         return [runner.model for runner in self.model_runner_list]
 
+    def init_draft_extend_graph(self) -> None:
+        """None: every runner's draft extend runs eagerly (run_draft_extend below)."""
+        return None
+
     def mtp_model_runner(self, step: int) -> ModelRunner:
         return self.model_runner_list[step]
 
