@@ -138,6 +138,20 @@ def test_c12_min_new_tokens_at_batch_two_and_more(drafts):
         assert _ids(got) == _ids(expected), draft
 
 
+def test_c12_verify_applies_logit_bias(drafts):
+    # A greedy batch that edits no logits takes the verify's argmax without repeat_rows
+    # (SamplingBatchInfo.edits_logits); one with a logit_bias must still have it at every
+    # position, or the round would emit the unbiased target's tokens.
+    target = tiny_model_dir("llama")
+    plain = Engine(model_path=target, **KW)
+    free = _ids(plain.generate(input_ids=PROMPTS, sampling_params=GREEDY))
+    params = {**GREEDY, "logit_bias": {str(free[0][2]): -100.0}}
+    expected = _ids(plain.generate(input_ids=PROMPTS, sampling_params=params))
+    assert expected != free  # the bias changes the target's own greedy tokens
+    for draft in (drafts["llama"], target):
+        assert _ids(_spec(target, draft, 3).generate(input_ids=PROMPTS, sampling_params=params)) == expected, draft
+
+
 def test_c12_kv_pool_is_free_after_every_request(drafts):
     target = tiny_model_dir("llama")
     spec = _spec(target, drafts["llama"], 3)

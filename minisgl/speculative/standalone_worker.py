@@ -153,9 +153,11 @@ class StandaloneWorker(DraftTpModelWorker):
         with tracing.span("StandaloneWorker.verify"):
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()  # [bs * (k + 1), vocab]
-            info = model_worker_batch.sampling_info.repeat_rows(k + 1)
-            info.apply_logits_bias(logits)
-            accepted = _accept(drafts, draft_probs, logits, info, k)
+            # As in EagleVerifyInput.verify, a greedy batch that edits no logits is read as it is.
+            info = model_worker_batch.sampling_info
+            row_info = info if info.is_all_greedy and not info.edits_logits else info.repeat_rows(k + 1)
+            row_info.apply_logits_bias(logits)
+            accepted = _accept(drafts, draft_probs, logits, row_info, info.generators, k)
             for req, tokens in zip(batch.reqs, accepted):
                 # The tokens before the last accepted one have KV; the rest of the round's slots go back.
                 release_kv(
@@ -207,9 +209,15 @@ class StandaloneWorker(DraftTpModelWorker):
 
 
 def _accept(
-    drafts: torch.Tensor, draft_probs: Optional[torch.Tensor], logits: torch.Tensor, info: SamplingBatchInfo, k: int
+    drafts: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    logits: torch.Tensor,
+    info: SamplingBatchInfo,
+    generators: list[Optional[torch.Generator]],
+    k: int,
 ) -> list[list[int]]:
-    """Per request: the accepted drafts, then one token of the target's own (k + 1 at most)."""
+    """Per request: the accepted drafts, then one token of the target's own (k + 1 at most).
+    info has a row per position where the batch samples; generators, one per request."""
     bs = drafts.shape[0]
     logits = logits.view(bs, k + 1, -1)
     greedy_next = logits.argmax(dim=-1)  # [bs, k + 1]
@@ -219,8 +227,7 @@ def _accept(
     if not info.is_all_greedy:
         target_probs = sampling_probs(logits.view(bs * (k + 1), -1), info).view(bs, k + 1, -1)
     accepted = []
-    for i in range(bs):
-        generator = info.generators[i * (k + 1)]
+    for i, generator in enumerate(generators):
         if generator is None:
             n = num_matching[i]
             accepted.append(drafts[i, :n].tolist() + [int(greedy_next[i, n])])
