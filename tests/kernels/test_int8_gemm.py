@@ -109,6 +109,7 @@ def test_vnni_int8_layout_and_compensation(N, K):
         (1, 16, 64),
         (3, 40, 33),
         (4, 576, 576),
+        (6, 576, 576),  # 5-8 rows: one run of pairs per thread
         (8, 48, 64),
         (9, 576, 576),
         (33, 80, 128),

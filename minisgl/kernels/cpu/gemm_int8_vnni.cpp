@@ -55,13 +55,14 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
       } else {
         // A unit's pairs are consecutive: a tile of few rows prefetches the next pair (where that
         // pair is a single panel, the second prefetch reads past it: prefetches never fault), and
-        // so does the unit's first block when more follow: the later blocks read this pair from
-        // cache, and without the prefetch the memory sat idle while they did. On a 2-core Zen 4
-        // EPYC (no AMX), SmolLM2's 120 layer GEMMs with and without, alternated nine times in one
-        // process (median of the paired ratios): 16 rows 0.86, 32 rows 0.90, 64 rows 0.93, 128
-        // rows 0.96 of the time; 8 rows, one block, 1.00. With AMX, blocks of more rows take the
-        // tiles above.
-        const bool ahead = rows <= INT8_PREFETCH_ROWS || (m == m0 && m1 - m0 > block);
+        // so does the unit's first block, whether more follow or it is the only one: the later
+        // blocks read this pair from cache, and without the prefetch the memory sat idle while
+        // they did. On a 2-core Zen 4 EPYC (no AMX), SmolLM2's 120 layer GEMMs with and without,
+        // alternated nine times in one process (median of the paired ratios): 16 rows 0.86, 32
+        // rows 0.90, 64 rows 0.93, 128 rows 0.96 of the time. A lone block of 5 to 8 rows (a
+        // batch of 5 to 8 decodes, an EAGLE verify) in one run of pairs per thread: see
+        // int8_scaled_mm_vnni. With AMX, blocks of more rows take the tiles above.
+        const bool ahead = rows <= INT8_PREFETCH_ROWS || m == m0;
         const int8_t* next = ahead && p + 2 < p1 ? panel + 2 * panel_bytes : nullptr;
         sums_int8(a + m * lda, lda, panel, panel_bytes, K4, rows, panels, brgemm, sums, next);
       }
@@ -132,8 +133,14 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
             quantize_row_u8(mat1.data_ptr<scalar_t>() + m * K, K, K4, a.data_ptr<uint8_t>() + m * K4 * 4);
       }
     });
-    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to
-    // STREAM_ROWS rows, one run of pairs per thread.
+    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to one
+    // vpdpbusd tile's rows (STREAM_ROWS with AMX), one run of pairs per thread, each pair read once
+    // by one tile, as gemm_vnni.cpp does for bf16. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer
+    // GEMMs (107 MB of int8 weights on huge pages, a scratch loop, the two rules switched per call
+    // by a temporary environment variable, alternated 15 times): at 8 rows the run with the next
+    // pair prefetched took 0.68-0.69 of the time of units without it (runs alone 0.94, the
+    // prefetch alone 0.87), at 5 rows 0.71, at 6 rows 0.73.
+    const int64_t stream_rows = brgemm || tiles ? STREAM_ROWS : INT8_TILE_ROWS;
     const int64_t pairs = (panels + 1) / 2;
     for_each_gemm_run(
         M, pairs, CHUNK_M,
@@ -147,7 +154,8 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
         [&] {
           if (tiles) release_amx_tiles();
           if (brgemm && !tiles) at::native::cpublas::brgemm_release();
-        });
+        },
+        stream_rows);
   });
   return out;
 }

@@ -15,7 +15,7 @@ namespace minisgl {
 constexpr int64_t INT8_PANEL_N = 16;   // columns per panel: one zmm of int32 sums
 constexpr int64_t INT8_ROW_BYTES = 64;  // one k-quad of a panel
 constexpr int INT8_TILE_ROWS = 8;       // 8 rows x 2 panels = 16 zmm accumulators, of 32
-constexpr int64_t INT8_PREFETCH_ROWS = 4;  // blocks of up to this many rows prefetch the next pair
+constexpr int64_t INT8_PREFETCH_ROWS = 4;  // tiles this short prefetch the next pair anywhere in a unit
 
 #define MINISGL_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
