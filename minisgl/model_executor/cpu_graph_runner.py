@@ -150,20 +150,14 @@ class CPUGraphRunner(GraphRunner):
         target = speculating and not model_runner.is_draft_worker
         head = speculating and model_runner.is_draft_worker and args.speculative_algorithm in ("EAGLE", "EAGLE3")
         if extend_features:  # a request brings 1 to k + 1 tokens (graph_runner.py)
-            super().__init__(
-                model_runner,
-                args.torch_compile_max_bs,
-                num_tokens_per_bs=args.speculative_num_steps + 1,
-                extend_features=extend_features,
-            )
+            shape = dict(num_tokens_per_bs=args.speculative_num_steps + 1, extend_features=extend_features)
         else:
-            super().__init__(
-                model_runner,
-                args.torch_compile_max_bs,
+            shape = dict(
                 num_tokens_per_bs=args.speculative_num_draft_tokens if target else 1,
                 tree_mask=(target or head) and args.speculative_eagle_topk > 1,
                 draft_lanes=args.speculative_eagle_topk if head else 0,
             )
+        super().__init__(model_runner, args.torch_compile_max_bs, **shape)
         register_fake_ops()
         set_torch_compile_config(len(self.capture_bs), model_runner.tp_size)
         self.compile_seconds: dict[int, float] = {}  # bucket -> time its first (compiling) replay took

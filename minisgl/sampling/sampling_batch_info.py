@@ -95,6 +95,15 @@ class SamplingBatchInfo:
             info._init_custom_logit_processors(reqs, device)
         return info
 
+    def for_positions(self, n: int, offsets: Optional[torch.Tensor] = None) -> "SamplingBatchInfo":
+        """What a verify of n positions a request applies to its logits: repeat_rows, except that a
+        greedy batch that edits no logits is returned as it is, since its argmax reads no field
+        (copying them once per position cost 0.17-0.18 ms a round at one request). Only
+        apply_logits_bias and is_all_greedy may then be read from it, not per-row fields."""
+        if self.is_all_greedy and not self.edits_logits:
+            return self
+        return self.repeat_rows(n, offsets)
+
     def repeat_rows(self, n: int, offsets: Optional[torch.Tensor] = None) -> "SamplingBatchInfo":
         """Each request's row repeated n times, for n consecutive positions of that request (a
         verify round scores k + 1 of them). Like SGLang's filter_batch/merge_batch, it lives beside

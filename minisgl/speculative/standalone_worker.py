@@ -153,9 +153,8 @@ class StandaloneWorker(DraftTpModelWorker):
         with tracing.span("StandaloneWorker.verify"):
             result = self.target_worker.forward_batch_generation(verify_batch, is_verify=True)
             logits = result.logits_output.next_token_logits.float()  # [bs * (k + 1), vocab]
-            # As in EagleVerifyInput.verify, a greedy batch that edits no logits is read as it is.
             info = model_worker_batch.sampling_info
-            row_info = info if info.is_all_greedy and not info.edits_logits else info.repeat_rows(k + 1)
+            row_info = info.for_positions(k + 1)
             row_info.apply_logits_bias(logits)
             accepted = _accept(drafts, draft_probs, logits, row_info, info.generators, k)
             for req, tokens in zip(batch.reqs, accepted):
