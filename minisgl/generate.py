@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
 
     start = time.perf_counter()
-    with Engine(**vars(ServerArgs.from_cli_args(args))) as engine:
+    with Engine(server_args=ServerArgs.from_cli_args(args)) as engine:
         loaded = time.perf_counter()
         messages = [{"role": "user", "content": args.prompt}]
         prompt = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

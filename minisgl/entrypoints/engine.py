@@ -26,10 +26,15 @@ class Engine:
     """The offline engine (SGLang's Engine); see the module docstring."""
 
     def __init__(self, **kwargs: Any) -> None:
-        try:
-            server_args = ServerArgs(**kwargs)
-        except TypeError as e:
-            raise ValueError(f"unknown engine argument: {e}") from None
+        if "server_args" in kwargs:  # as SGLang's Engine: a ServerArgs already built (python -m minisgl.generate)
+            if len(kwargs) > 1:
+                raise ValueError(f"Engine takes server_args or its fields, not both: {sorted(kwargs)}")
+            server_args = kwargs["server_args"]
+        else:
+            try:
+                server_args = ServerArgs(**kwargs)
+            except TypeError as e:
+                raise ValueError(f"unknown engine argument: {e}") from None
         self.tokenizer_manager: Optional[TokenizerManager] = None
         if server_args.node_rank >= 1:
             from minisgl.managers.scheduler_client import run_nonzero_rank_node
