@@ -42,6 +42,8 @@ def test_readme_main_command_answers_with_the_default_model():
     assert "Paris" in out.stdout  # SmolLM2-135M-Instruct's greedy answer names it
 
 
-def test_engine_takes_server_args_or_its_fields_not_both():
+def test_engine_takes_one_server_args_or_its_fields():
     with pytest.raises(ValueError, match="server_args or its fields, not both"):
         Engine(server_args=object(), model_path="SmolLM2-135M-Instruct")
+    with pytest.raises(ValueError, match="server_args must be a ServerArgs, got dict"):
+        Engine(server_args={"model_path": "SmolLM2-135M-Instruct"})

@@ -30,6 +30,8 @@ class Engine:
             if len(kwargs) > 1:
                 raise ValueError(f"Engine takes server_args or its fields, not both: {sorted(kwargs)}")
             server_args = kwargs["server_args"]
+            if not isinstance(server_args, ServerArgs):
+                raise ValueError(f"server_args must be a ServerArgs, got {type(server_args).__name__}")
         else:
             try:
                 server_args = ServerArgs(**kwargs)
