@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from tests._models import smollm2_dir
 from tests.docs_markdown import DOCS, REPO
 
 # Run before an example: record what it prints with end="" and the last chunk of each stream.
@@ -62,22 +63,12 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", (REPO / page).read_text(encoding="utf-8"), flags=re.S | re.M)
 
 
-def default_model_or_skip(code: str) -> None:
-    if "SmolLM2-135M-Instruct" not in code:
-        return
-    from minisgl.model_loader.gguf import resolve_model_path
-
-    try:
-        resolve_model_path("SmolLM2-135M-Instruct")
-    except (ImportError, FileNotFoundError) as e:
-        pytest.skip(f"the default model is not installed: {e}")
-
-
 @pytest.mark.parametrize(("page", "index", "expected"), EXAMPLES)
 def test_example_runs(page, index, expected):
     assert (DOCS.parent / page).is_file()
     code = python_blocks(page)[index]
-    default_model_or_skip(code)
+    if "SmolLM2-135M-Instruct" in code:
+        smollm2_dir()  # converted once per machine, before the example's own load
     env = {**os.environ, "MPLBACKEND": "Agg"}  # plot_timeline draws without a display
     out = subprocess.run(
         [sys.executable, "-c", WATCH_STREAMS + code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from minisgl.entrypoints.engine import Engine
+from tests._models import smollm2_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,12 +28,7 @@ def readme_main_command() -> list[str]:
 
 
 def test_readme_main_command_answers_with_the_default_model():
-    from minisgl.model_loader.gguf import resolve_model_path
-
-    try:
-        resolve_model_path("SmolLM2-135M-Instruct")
-    except (ImportError, FileNotFoundError) as e:
-        pytest.skip(f"the default model is not installed: {e}")
+    smollm2_dir()  # converted once per machine, so the command's load is not the conversion
     command = readme_main_command()
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
