@@ -83,6 +83,10 @@ def test_v1_embeddings_openai_shape(tmp_path):
         assert by_ids.data[0].embedding == pytest.approx(r.data[1].embedding, abs=1e-6)
         with pytest.raises(openai.BadRequestError, match="dimensions"):
             client.embeddings.create(model="e", input="x", dimensions=8)
+        # Any model name, as SGLang serves it; a LoRA adapter's "base:adapter" is refused by name.
+        assert client.embeddings.create(model="default", input=ids).data[0].embedding == by_ids.data[0].embedding
+        with pytest.raises(openai.BadRequestError, match="LoRA"):
+            client.embeddings.create(model="e:adapter", input="x")
         # The client asks for base64 (float32 bytes) unless told otherwise: both must agree.
         floats = client.embeddings.create(model="e", input=SENTENCES, encoding_format="float")
         torch.testing.assert_close(torch.tensor([d.embedding for d in floats.data]), got, atol=1e-7, rtol=0)

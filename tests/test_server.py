@@ -282,7 +282,7 @@ BAD_REQUESTS = [
     ("malformed json", "/v1/completions", '{"model": "tiny-llama", "prompt": ', 400),
     ("wrong type", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "many"}, 400),
     ("missing field", "/v1/chat/completions", {"model": MODEL}, 400),
-    ("unknown model", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404),
+    ("LoRA adapter in model", "/v1/completions", {"model": f"{MODEL}:sql", "prompt": "hi"}, 400),
     ("negative max_tokens", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -5}, 400),
     ("prompt over context", "/v1/completions", {"model": MODEL, "prompt": TOO_LONG, "max_tokens": 1}, 400),
     ("prompt + max_tokens over context", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 5000}, 400),
@@ -330,9 +330,20 @@ def test_bad_request_gets_a_4xx_with_a_message(http, client, name, route, body, 
     assert_still_serving(client)
 
 
+def test_any_model_name_is_served_and_echoed_as_sglang_does(client, http):
+    """SGLang (0.5.9, serving_base.py) checks no name: a client written for it may send "default" or
+    nothing; the answer is the served model's, under the name the request gave."""
+    ours = client.completions.create(model=MODEL, prompt="The river rose early", max_tokens=8, **GREEDY)
+    for name in ("default", "gpt-9"):
+        other = client.completions.create(model=name, prompt="The river rose early", max_tokens=8, **GREEDY)
+        assert other.model == name and other.choices[0].text == ours.choices[0].text
+    body = {"messages": USER_X, "max_tokens": 2}
+    assert http.post("/v1/chat/completions", json=body).json()["model"] == "default"
+
+
 def test_openai_client_surfaces_the_errors(client):
-    with pytest.raises(openai.NotFoundError, match="gpt-9"):
-        client.completions.create(model="gpt-9", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="LoRA"):
+        client.completions.create(model=f"{MODEL}:sql", prompt="hi")
     with pytest.raises(openai.BadRequestError, match="context length"):
         client.completions.create(model=MODEL, prompt=TOO_LONG, max_tokens=1)
     with pytest.raises(openai.BadRequestError, match="messages"):

@@ -53,6 +53,10 @@ UNSUPPORTED_OPENAI_FIELDS: dict[str, tuple[object, str]] = {
 }
 
 
+# SGLang's default for a request's `model` (protocol.py's DEFAULT_MODEL_NAME): the field may be left
+# out, and any name is served by the one model (see serving_base.py::model_name_error).
+DEFAULT_MODEL_NAME = "default"
+
 # OpenAI's limits on top alternatives per token: /v1/completions' logprobs, chat's top_logprobs.
 MAX_COMPLETION_LOGPROBS = 5
 MAX_TOP_LOGPROBS = 20
@@ -178,7 +182,7 @@ class LogProbs(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    model: str
+    model: str = DEFAULT_MODEL_NAME
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: Optional[int] = 16
     temperature: float = 1.0
@@ -253,7 +257,7 @@ class ChatCompletionMessageParam(StrictModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatCompletionMessageParam]
-    model: str
+    model: str = DEFAULT_MODEL_NAME
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None  # OpenAI's newer name for max_tokens
     temperature: float = 1.0

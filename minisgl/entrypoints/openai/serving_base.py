@@ -45,8 +45,17 @@ def create_error_response(message: str, status_code: int = HTTPStatus.BAD_REQUES
     return JSONResponse(error_body(message, status_code).model_dump(), status_code=int(status_code))
 
 
+def model_name_error(model: str, served_model_name: str) -> str | None:
+    """SGLang serves one model under any name a request gives (a client's "default" included, and the
+    response echoes it); only its "base:adapter" form means something else, a LoRA adapter, which
+    minisgl refuses by name instead of answering with the base model."""
+    if model != served_model_name and ":" in model:
+        return f"model {model!r} names LoRA adapter {model.split(':', 1)[1]!r}: minisgl does not support LoRA adapters"
+    return None
+
+
 class OpenAIServingBase:
-    """One OpenAI endpoint over the TokenizerManager: model check, validation, stream or not."""
+    """One OpenAI endpoint over the TokenizerManager: validation, then stream or not."""
 
     def __init__(self, tokenizer_manager: TokenizerManager, served_model_name: str) -> None:
         self.tokenizer_manager = tokenizer_manager
@@ -54,9 +63,7 @@ class OpenAIServingBase:
         self.served_model_name = served_model_name
 
     async def handle_request(self, request: SamplingFields, raw_request: Request) -> Response:
-        if request.model != self.served_model_name:
-            return create_error_response(f"The model `{request.model}` does not exist.", HTTPStatus.NOT_FOUND)
-        error = self._validate_request(request)
+        error = model_name_error(request.model, self.served_model_name) or self._validate_request(request)
         if error is not None:
             return create_error_response(error)
         try:

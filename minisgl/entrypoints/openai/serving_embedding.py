@@ -11,7 +11,6 @@ truncation, which SGLang has for some models) is refused by name.
 from __future__ import annotations
 
 import base64
-from http import HTTPStatus
 from typing import Literal, Optional, Union
 
 import numpy as np
@@ -19,8 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from minisgl.entrypoints.openai.protocol import UsageInfo
-from minisgl.entrypoints.openai.serving_base import create_error_response
+from minisgl.entrypoints.openai.protocol import DEFAULT_MODEL_NAME, UsageInfo
+from minisgl.entrypoints.openai.serving_base import create_error_response, model_name_error
 from minisgl.managers.embedding import encode
 
 router = APIRouter()
@@ -29,7 +28,7 @@ router = APIRouter()
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    model: str
+    model: str = DEFAULT_MODEL_NAME
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
@@ -51,8 +50,9 @@ class EmbeddingResponse(BaseModel):
 
 @router.post("/v1/embeddings")
 async def openai_v1_embeddings(request: EmbeddingRequest, raw_request: Request) -> Response:
-    if request.model != raw_request.app.state.served_model_name:
-        return create_error_response(f"The model `{request.model}` does not exist.", HTTPStatus.NOT_FOUND)
+    error = model_name_error(request.model, raw_request.app.state.served_model_name)
+    if error is not None:
+        return create_error_response(error)
     if request.dimensions is not None:
         return create_error_response("minisgl does not support dimensions (Matryoshka truncation)")
     if isinstance(request.input, list) and not request.input:
