@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from minisgl.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
-from minisgl.managers.io_struct import GenerateReqInput
+from minisgl.managers.io_struct import GenerateReqInput, check_text
 from minisgl.managers.scheduler_driver import SchedulerStoppedError
 from minisgl.managers.tokenizer_manager import TokenizerManager
 
@@ -48,7 +48,12 @@ def create_error_response(message: str, status_code: int = HTTPStatus.BAD_REQUES
 def model_name_error(model: str, served_model_name: str) -> str | None:
     """SGLang serves one model under any name a request gives (a client's "default" included, and the
     response echoes it); only its "base:adapter" form means something else, a LoRA adapter, which
-    minisgl refuses by name instead of answering with the base model."""
+    minisgl refuses by name instead of answering with the base model. The name is echoed, so it
+    must be text a UTF-8 response can carry."""
+    try:
+        check_text("model", model)
+    except ValueError as e:
+        return str(e)
     if model != served_model_name and ":" in model:
         return f"model {model!r} names LoRA adapter {model.split(':', 1)[1]!r}: minisgl does not support LoRA adapters"
     return None
