@@ -3,6 +3,7 @@
     python benchmarks/bench_attention.py                     # float32 and bfloat16
     python benchmarks/bench_attention.py --dtypes bfloat16 --rounds 50
     python benchmarks/bench_attention.py --dtypes float32 --kv-cache-dtype bfloat16 --requests 64 --layers 30
+    python benchmarks/bench_attention.py --dtypes bfloat16 --kv-cache-dtype fp8_e5m2 --requests 64 --layers 30
 
 Extend: --requests prompts of --prompt-len new tokens each (no cached prefix), as a prefill chunk
 of bench_offline's workload holds them, through extend_attention_cpu (which also stores their
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from roofline import timings  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
+KV_NAMES = {"fp8_e5m2": "float8_e5m2"}  # SGLang's name for the pool dtype -> torch's
 
 
 def median_seconds(fn, rounds: int) -> float:
@@ -45,7 +47,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--kv-cache-dtype", default="auto", help="the pool's dtype (auto: each row's own)")
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", help="the pool's dtype (auto: each row's own; bfloat16, fp8_e5m2)"
+    )
     parser.add_argument(
         "--layers", type=int, default=1, help="pools to call in turn, as a forward's layers: 30 keeps K/V out of cache"
     )
@@ -62,7 +66,11 @@ def main() -> None:
         dtype = getattr(torch, name)
         torch.manual_seed(0)
         pool = b * (n + 1) + 1
-        kv_dtype = dtype if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype)
+        kv_dtype = (
+            dtype
+            if args.kv_cache_dtype == "auto"
+            else getattr(torch, KV_NAMES.get(args.kv_cache_dtype, args.kv_cache_dtype))
+        )
         pools = [
             (torch.randn(pool, KV_HEADS, d).to(kv_dtype), torch.randn(pool, KV_HEADS, d).to(kv_dtype))
             for _ in range(args.layers)

@@ -178,8 +178,8 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        choices=["auto", "bfloat16"],
-        help="also run minisgl with this KV pool dtype (SGLang's flag, e.g. bfloat16), in the same rounds",
+        choices=["auto", "bfloat16", "fp8_e5m2"],
+        help="also run minisgl with this KV pool dtype (SGLang's flag: bfloat16, fp8_e5m2), in the same rounds",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process

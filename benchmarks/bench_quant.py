@@ -7,18 +7,19 @@
     python benchmarks/bench_quant.py --variants float32,bfloat16,float32:gguf --num-requests 1 \
         --min-output 64 --max-output 64 --llama-server .venv-llamacpp/bin/llama-server  # and llama.cpp
     python benchmarks/bench_quant.py ... --enable-torch-compile      # each variant with the graph runner
+    python benchmarks/bench_quant.py --variants bfloat16,bfloat16::fp8_e5m2,bfloat16:w8a8_int8:fp8_e5m2 --rounds 3
 
-Each variant (dtype, --quantization) runs minisgl's offline Engine in its own process, one after
-the other, on the same workload (benchmarks/workload.py: random prompt ids, greedy, EOS ignored):
-tokens/s, startup, peak RSS, the ratio against the bfloat16 run, and how many requests produced
-exactly the float32 run's greedy tokens. w8a8_int8 quantizes the float checkpoint while loading
-(layers/quantization/w8a8_int8.py); its activations run in the variant's dtype. gguf runs the
-model from its shipped GGUF file's blocks (layers/quantization/gguf.py): no float copy of the
-weights on disk or in memory, activations in the variant's dtype. On a shared
-machine speeds drift by tens of percent within minutes: compare rows of one run, and rerun, or
-give --rounds N: the variants take turns N times (bfloat16, w8a8, bfloat16, w8a8, ...), each row
-shows its median tok/s and range, and "vs bf16" is the median of the ratios taken within each
-round, between runs minutes apart (as bench_offline.py's --rounds).
+Each variant (dtype[:quantization[:kv_cache_dtype]], the flags' values) runs minisgl's offline
+Engine in its own process, one after the other, on the same workload (benchmarks/workload.py: random
+prompt ids, greedy, EOS ignored): tokens/s, startup, peak RSS, the ratio against the bfloat16 run,
+and how many requests produced exactly the float32 run's greedy tokens. w8a8_int8 quantizes the
+float checkpoint while loading (layers/quantization/w8a8_int8.py); its activations run in the
+variant's dtype. gguf runs the model from its shipped GGUF file's blocks
+(layers/quantization/gguf.py): no float copy of the weights on disk or in memory, activations in the
+variant's dtype. On a shared machine speeds drift by tens of percent within minutes: compare rows of
+one run, and rerun, or give --rounds N: the variants take turns N times (bfloat16, w8a8, bfloat16,
+w8a8, ...), each row shows its median tok/s and range, and "vs bf16" is the median of the ratios
+taken within each round, between runs minutes apart (as bench_offline.py's --rounds).
 With --llama-server (scripts/setup_llama_cpp.sh builds it), a last row runs the model's GGUF file
 as it is in llama.cpp's server on the same workload (benchmarks/peer_llama_cpp.py, --dtype q4_1:
 its own f16 KV cache), with the server's peak RSS.
@@ -48,13 +49,13 @@ def run_variant(args) -> None:
     """In the child process: one Engine, the whole workload, one RESULT line."""
     from minisgl.entrypoints.engine import Engine
 
-    dtype, _, quantization = args.variant.partition(":")
+    dtype, quantization, kv_cache_dtype = (args.variant.split(":") + ["", ""])[:3]
     start = time.perf_counter()
-    quantization = quantization or None
     engine = Engine(
         model_path=args.model_path,
         dtype=dtype,
-        quantization=quantization,
+        quantization=quantization or None,
+        kv_cache_dtype=kv_cache_dtype or "auto",
         max_total_tokens=args.max_total_tokens,
         enable_torch_compile=args.enable_torch_compile,
         torch_compile_max_bs=args.num_requests,
@@ -97,7 +98,9 @@ def run_llama_cpp(args, results: dict) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="dtype or dtype:quantization, comma-separated")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="dtype[:quantization[:kv_cache_dtype]], comma-separated"
+    )
     for name in WORKLOAD_ARGS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=OFFLINE_WORKLOAD[name])
     parser.add_argument("--max-total-tokens", type=int, default=40000)
@@ -117,7 +120,7 @@ def main() -> None:
     ref = results.get("float32")
     if args.rounds > 1:
         print(f"median of {args.rounds} rounds (range); vs bf16: the median of each round's own ratio")
-    header = f"{'variant':22s} {'tok/s':>8s} {'range':>13s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}"
+    header = f"{'variant':30s} {'tok/s':>8s} {'range':>13s} {'vs bf16':>8s} {'startup':>8s} {'peak RSS':>9s}"
     print(f"{header}  greedy = float32")
     for variant, r in results.items():
         if r is None:
@@ -129,7 +132,7 @@ def main() -> None:
         spread = f"{min(rates):.1f}-{max(rates):.1f}"
         same = f"{sum(a == b for a, b in zip(r['outputs'], ref['outputs']))}/{len(r['outputs'])}" if ref else "-"
         print(
-            f"{variant:22s} {statistics.median(rates):8.1f} {spread:>13s} {ratio:>8s} {r['startup_s']:7.1f}s "
+            f"{variant:30s} {statistics.median(rates):8.1f} {spread:>13s} {ratio:>8s} {r['startup_s']:7.1f}s "
             f"{r['peak_rss_mb']:7.0f}MB  {same}"
         )
 

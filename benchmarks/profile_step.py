@@ -4,6 +4,7 @@
     python benchmarks/profile_step.py --torch-native       # the same without minisgl's CPU kernels
     python benchmarks/profile_step.py --dtype bfloat16
     python benchmarks/profile_step.py --quantization gguf --batch 1  # the Q4_1 file's blocks
+    python benchmarks/profile_step.py --dtype bfloat16 --batch 64 --kv-cache-dtype fp8_e5m2  # an fp8 KV pool
 
 Runs SmolLM2-135M on --batch requests of --prompt-len random tokens: their prefill (in chunks of
 the engine's chunked_prefill_size), then --decode-steps decode steps with all of them, and prints,
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=10)
     parser.add_argument("--rows", type=int, default=12, help="operators to list per phase")
     parser.add_argument("--quantization", choices=["w8a8_int8", "gguf"], help="a quantized model (bench_quant's)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "fp8_e5m2"])
     parser.add_argument("--torch-native", action="store_true", help="without minisgl's C++ CPU kernels")
     args = parser.parse_args()
     if args.torch_native:
@@ -48,11 +50,12 @@ def main() -> None:
         model_path=args.model_path,
         dtype=args.dtype,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_total_tokens=32768,
         disable_radix_cache=True,
     )
     runner = engine.scheduler.tp_worker.model_runner
-    variant = args.dtype + (f":{args.quantization}" if args.quantization else "")
+    variant = args.dtype + (f":{args.quantization}" if args.quantization else "") + f", KV {runner.kv_cache_dtype}"
     print(
         f"{variant}, attention backend {engine.server_args.attention_backend}, "
         f"{torch.get_num_threads()} threads; {args.batch} requests x {args.prompt_len} prompt tokens, "

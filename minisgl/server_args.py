@@ -306,10 +306,16 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
-        if self.kv_cache_dtype not in ("auto", "bfloat16"):
+        if self.kv_cache_dtype not in ("auto", "bfloat16", "fp8_e5m2"):
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: minisgl's KV pool holds the model's "
-                "dtype ('auto') or 'bf16'/'bfloat16'; SGLang's fp8_e5m2, fp8_e4m3 and fp4_e2m1 are not implemented"
+                "dtype ('auto'), 'bf16'/'bfloat16' or 'fp8_e5m2'; SGLang's fp8_e4m3 (which takes per-layer "
+                "scales) and fp4_e2m1 are not implemented"
+            )
+        if self.kv_cache_dtype == "fp8_e5m2" and self.attention_backend == "triton":
+            raise ValueError(
+                "kv_cache_dtype 'fp8_e5m2' needs attention_backend 'intel_amx' or 'torch_native': minisgl's "
+                "Triton kernels read 16- and 32-bit pools only"
             )
         if self.enable_torch_compile and (self.device != "cpu" or self.attention_backend != "intel_amx"):
             raise ValueError(

@@ -256,8 +256,9 @@ needs_kernels = pytest.mark.skipif(not can_build(), reason="CPUGraphRunner needs
         dict(max_total_tokens=2048, disable_radix_cache=True, chunked_prefill_size=16),
         dict(max_total_tokens=2048, disable_overlap_schedule=False),
         dict(max_total_tokens=2048, kv_cache_dtype="bfloat16"),  # the kernels' float32 x bfloat16 path
+        dict(max_total_tokens=2048, kv_cache_dtype="fp8_e5m2"),  # and float32 x float8 e5m2
     ],
-    ids=["radix", "chunked-no-radix", "overlap", "bf16-kv"],
+    ids=["radix", "chunked-no-radix", "overlap", "bf16-kv", "fp8-kv"],
 )
 def test_graph_runner_equals_eager(tiny_llama, engine_kwargs):
     """Greedy, seeded and penalised requests, logprobs and the radix cache, eager and compiled."""

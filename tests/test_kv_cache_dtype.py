@@ -1,14 +1,19 @@
-"""--kv-cache-dtype (SGLang's flag): a float32 model whose KV pool holds bfloat16.
+"""--kv-cache-dtype (SGLang's flag): a float32 model whose KV pool holds bfloat16 or float8 e5m2.
 
 The kernels themselves are checked against SDPA on the same rounded K/V in
-tests/kernels/test_cpu_kernels.py; here the whole engine against Hugging Face's float32 model on
-the sequences it generated, through chunked prefill over a cached prefix, decode and the radix
-cache, with every slot back in the pool afterwards.
+tests/kernels/test_cpu_kernels.py; here the whole engine against Hugging Face's float32 model with
+its cached K/V rounded the same way (llama: the rotated keys and the values; DeepSeek's MLA: the
+normalized latent and the rotated rope key), on the sequences the engine generated, through chunked
+prefill over a cached prefix, decode and the radix cache, with every slot back in the pool afterwards.
 """
+
+import contextlib
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.models.deepseek_v2 import modeling_deepseek_v2
+from transformers.models.llama import modeling_llama
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import is_available
@@ -18,33 +23,67 @@ from tests._models import tiny_model_dir
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [10, 11], [5, 6, 7, 8, 9, 14, 15], [19]]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 BACKENDS = ["torch_native", pytest.param("intel_amx", marks=pytest.mark.skipif(not is_available(), reason="no C++"))]
-# bfloat16 keeps 8 bits of mantissa, so K/V move by up to 2^-9 relative; the logprobs moved by up to
-# 0.013 (llama) and 0.031 (deepseek_v2, whose cached latent is expanded by kv_b_proj) against HF.
-# A pool read as the wrong dtype, or the wrong slots, is off by whole units.
-TOL = 5e-2
+POOL_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}
+# Against the rounded reference the logprobs agreed to 2.2e-4 or better (float32's summation order).
+# Against the unrounded one they moved by up to 0.03 (bfloat16) and 1.2 (e5m2, two mantissa bits)
+# on these random tiny models, and an engine that attended over new tokens it had not rounded by 0.34.
+TOL = 1e-3
 
 
+@contextlib.contextmanager
+def hf_with_rounded_kv(arch: str, pool_dtype: torch.dtype):
+    """HF's float32 model, its cached tensors rounded to the pool's dtype where minisgl stores them."""
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), dtype=torch.float32).eval()
+    rounded = lambda t: t.to(pool_dtype).to(t.dtype)  # noqa: E731
+    module, name = {
+        "llama": (modeling_llama, "apply_rotary_pos_emb"),
+        "deepseek_v2": (modeling_deepseek_v2, "apply_rotary_emb"),
+    }[arch]
+    rope = getattr(module, name)
+    hooks = []
+    for layer in hf.model.layers:
+        attn = layer.self_attn
+        cached = attn.v_proj if arch == "llama" else attn.kv_a_layernorm  # the values, or the latent
+        hooks.append(cached.register_forward_hook(lambda mod, inputs, out: rounded(out)))
+
+    def rope_then_round(q, k, *args, **kwargs):
+        q, k = rope(q, k, *args, **kwargs)
+        return q, rounded(k)
+
+    setattr(module, name, rope_then_round)
+    try:
+        yield hf
+    finally:
+        setattr(module, name, rope)
+        for hook in hooks:
+            hook.remove()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", sorted(POOL_DTYPES))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v2"])
-def test_bf16_kv_pool_serves_a_float32_model(arch, backend):
+def test_narrow_kv_pool_serves_a_float32_model(arch, backend, kv_cache_dtype):
+    pool_dtype = POOL_DTYPES[kv_cache_dtype]
     kwargs = dict(model_path=tiny_model_dir(arch), max_total_tokens=256, chunked_prefill_size=4)
-    engine = Engine(**kwargs, attention_backend=backend, kv_cache_dtype="bf16")
+    engine = Engine(**kwargs, attention_backend=backend, kv_cache_dtype=kv_cache_dtype)
     runner = engine.scheduler.tp_worker.model_runner
     full = Engine(**kwargs, attention_backend=backend).scheduler.tp_worker.model_runner
-    assert runner.dtype == torch.float32 and runner.kv_cache_dtype == torch.bfloat16
-    assert engine.server_args.kv_cache_dtype == "bfloat16"  # SGLang's alias, spelled out
-    assert 2 * runner.token_to_kv_pool.get_kv_size_bytes() == full.token_to_kv_pool.get_kv_size_bytes()
-    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), dtype=torch.float32).eval()
-    for _ in range(2):  # the second round reads its prompts' KV from the radix cache
-        for ids, out in zip(PROMPTS, engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)):
-            with torch.no_grad():  # HF's logprobs at the positions that chose each output token
-                logits = hf(torch.tensor([ids + out["output_ids"]])).logits[0, len(ids) - 1 : -1]
-            expected = torch.log_softmax(logits, dim=-1)
-            chosen = expected[torch.arange(len(out["output_ids"])), out["output_ids"]]
-            ours = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
-            torch.testing.assert_close(ours, chosen, atol=TOL, rtol=0)
-            # greedy: each token is HF's argmax, or within bfloat16's noise of it (a near tie)
-            assert (expected.max(dim=-1).values - chosen <= TOL).all()
+    assert runner.dtype == torch.float32 and runner.kv_cache_dtype == pool_dtype
+    assert (
+        4 // pool_dtype.itemsize * runner.token_to_kv_pool.get_kv_size_bytes()
+        == full.token_to_kv_pool.get_kv_size_bytes()
+    )
+    with hf_with_rounded_kv(arch, pool_dtype) as hf:
+        for _ in range(2):  # the second round reads its prompts' KV from the radix cache
+            outs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+            for ids, out in zip(PROMPTS, outs):
+                with torch.no_grad():  # HF's logprobs at the positions that chose each output token
+                    logits = hf(torch.tensor([ids + out["output_ids"]])).logits[0, len(ids) - 1 : -1]
+                expected = torch.log_softmax(logits, dim=-1)
+                chosen = expected[torch.arange(len(out["output_ids"])), out["output_ids"]]
+                ours = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+                torch.testing.assert_close(ours, chosen, atol=TOL, rtol=0)
+                assert (expected.max(dim=-1).values - chosen <= TOL).all()  # greedy: HF's argmax, or a tie
     assert engine.flush_cache() and engine.scheduler.token_to_kv_pool_allocator.available_size() == 256
 
 
@@ -60,7 +99,12 @@ def test_profile_fits_twice_the_tokens_in_a_bf16_pool():
     assert abs(fits["bfloat16"] / fits["auto"] - 2) < 0.01
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "float16"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp4_e2m1", "float16"])
 def test_kv_cache_dtypes_minisgl_lacks_are_refused_by_name(name):
     with pytest.raises(ValueError, match=f"kv_cache_dtype '{name}' is not supported"):
         ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype=name)
+
+
+def test_fp8_pool_is_refused_on_triton_by_name():
+    with pytest.raises(ValueError, match="'fp8_e5m2' needs attention_backend 'intel_amx' or 'torch_native'"):
+        ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype="fp8_e5m2", attention_backend="triton")

@@ -165,9 +165,13 @@ class ModelRunner:
             # Decode streams every weight each step: on 2 MiB pages, 512x fewer TLB misses (huge_pages.py).
             move_to_huge_pages(self.model)
         self.dtype = self.model_config.dtype
-        # SGLang's configure_kv_cache_dtype, minus fp8/fp4 (ServerArgs refuses them): "auto" keeps
-        # the model's dtype; bfloat16 halves a float32 model's KV and what decode attention reads.
-        self.kv_cache_dtype = self.dtype if self.server_args.kv_cache_dtype == "auto" else torch.bfloat16
+        # SGLang's configure_kv_cache_dtype, minus fp8_e4m3 and fp4 (ServerArgs refuses them): "auto"
+        # keeps the model's dtype; bfloat16 halves a float32 model's KV and what decode attention reads,
+        # fp8_e5m2 halves a bfloat16 model's (float16's top byte: its range, two mantissa bits, no scale).
+        kv = self.server_args.kv_cache_dtype
+        self.kv_cache_dtype = (
+            self.dtype if kv == "auto" else {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}[kv]
+        )
 
     def profile_max_num_token(self) -> int:
         """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""

@@ -2,6 +2,7 @@
 
     python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization w8a8_int8
     python -m minisgl.tools.quant_accuracy --model SRC --quant-model DST   # an offline checkpoint
+    python -m minisgl.tools.quant_accuracy --dtype bfloat16 --kv-cache-dtype fp8_e5m2   # a KV pool dtype alone
     python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization gguf \
         --llama-perplexity .venv-llamacpp/bin/llama-perplexity               # beside llama.cpp's
 
@@ -253,15 +254,27 @@ def main() -> None:
     parser.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity, to compare with")
     parser.add_argument("--llama-ctx", type=int, default=128, help="its -c: the text holds two such chunks or more")
     parser.add_argument("--dither-seeds", type=int, default=0, help="also the perplexity ratio under N dithers")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the compared run's KV pool (bfloat16, fp8_e5m2), alone or with a scheme",
+    )
     args = parser.parse_args()
-    if (args.quantization is None) == (args.quant_model is None):
-        parser.error("give exactly one of --quantization and --quant-model")
+    if args.quantization is not None and args.quant_model is not None:
+        parser.error("give at most one of --quantization and --quant-model")
+    if args.quantization is None and args.quant_model is None and args.kv_cache_dtype == "auto":
+        parser.error("give --quantization, --quant-model or --kv-cache-dtype")
     if args.llama_perplexity and args.quantization != "gguf":
         parser.error("--llama-perplexity compares a GGUF model's run: give --quantization gguf")
     # No prefix reuse: a dithered run must compute every token itself (dithered_ppl_ratios).
     common = dict(max_total_tokens=4096, dtype=args.dtype, disable_radix_cache=True)
     float_engine = Engine(model_path=args.model, **common)
-    quant_engine = Engine(model_path=args.quant_model or args.model, quantization=args.quantization, **common)
+    quant_engine = Engine(
+        model_path=args.quant_model or args.model,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        **common,
+    )
     try:
         report = compare(float_engine, quant_engine)
         for name, err in report.pop("per_layer_error").items():

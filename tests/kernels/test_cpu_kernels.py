@@ -77,13 +77,16 @@ def reference_attention(c, scale):
     return torch.cat(out)
 
 
-# (model dtype, pool dtype): the pool holds the model's dtype, or bfloat16 (--kv-cache-dtype bf16).
-# With a bfloat16 pool the reference reads the same rounded K/V, so a float32 query keeps float32's tolerance.
+# (model dtype, pool dtype): the pool holds the model's dtype, bfloat16 (--kv-cache-dtype bf16) or
+# float8 e5m2 (--kv-cache-dtype fp8_e5m2). With a narrower pool the reference reads the same rounded
+# K/V, so the query keeps its own dtype's tolerance.
 DTYPE_PAIRS = [
     (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16),
     (torch.float32, torch.bfloat16),
     (torch.float16, torch.bfloat16),
+    (torch.float32, torch.float8_e5m2),
+    (torch.bfloat16, torch.float8_e5m2),
 ]
 
 
@@ -301,13 +304,16 @@ def test_extend_attention_refuses_a_bad_tree_mask(fault):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("k_dtype,v_dtype", [(torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "k_dtype,v_dtype",
+    [(torch.float16, torch.float16), (torch.bfloat16, torch.float32), (torch.float8_e4m3fn, torch.float8_e4m3fn)],
+)
 def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
-    """A float32 model's pool may hold float32 or bfloat16, K and V alike; nothing else."""
+    """A float32 model's pool may hold float32, bfloat16 or float8 e5m2, K and V alike; nothing else."""
     c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
     key, value, loc = new_kv(c, [1], 4, torch.float32)
     o = torch.empty(1, 4, 64)
-    with pytest.raises(RuntimeError, match="model dtype or bfloat16"):
+    with pytest.raises(RuntimeError, match="model dtype, bfloat16 or float8_e5m2"):
         ops.extend_attention_cpu(
             c["q"],
             o,

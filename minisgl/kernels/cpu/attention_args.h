@@ -1,10 +1,11 @@
 // The arguments of the paged attention kernels (decode.cpp, extend.cpp), their checks, and the
 // dispatch on the pool's dtype and the head dim that instantiates attend_block (attention.h).
 //
-// The pool holds the model's dtype, or bfloat16 under --kv-cache-dtype bf16 (SGLang's flag): a
-// float32 model's K/V then take half the memory and half the bytes decode attention streams. The
-// query, the output and the new tokens' K/V stay in the model's dtype; K/V are rounded to the pool's
-// dtype when stored, and every read widens a pool row to float32 in registers (load_float) anyway.
+// The pool holds the model's dtype, bfloat16 under --kv-cache-dtype bf16, or float8 e5m2 under
+// --kv-cache-dtype fp8_e5m2 (SGLang's flag and names): K/V then take a half or a quarter of float32's
+// memory and of the bytes decode attention streams. The query, the output and the new tokens' K/V
+// stay in the model's dtype; K/V are rounded to the pool's dtype when stored, and every read widens a
+// pool row to float32 in registers (load_float) anyway.
 #pragma once
 
 #include "common.h"
@@ -77,12 +78,14 @@ void dispatch_head_dim(const PagedAttentionArgs& a, Fn&& fn) {
   }
 }
 
-// Calls fn.template operator()<kv_t>() with the pool's element type: the model's (scalar_t) or
-// bfloat16 (check_paged_attention allows no other).
+// Calls fn.template operator()<kv_t>() with the pool's element type: the model's (scalar_t),
+// bfloat16 or float8 e5m2 (check_paged_attention allows no other).
 template <typename scalar_t, typename Fn>
 void dispatch_kv_dtype(const at::Tensor& k_buffer, Fn&& fn) {
   if (k_buffer.scalar_type() == c10::CppTypeToScalarType<scalar_t>::value) {
     fn.template operator()<scalar_t>();
+  } else if (k_buffer.scalar_type() == at::kFloat8_e5m2) {
+    fn.template operator()<c10::Float8_e5m2>();
   } else {
     fn.template operator()<at::BFloat16>();
   }
@@ -108,9 +111,10 @@ inline PagedAttentionArgs check_paged_attention(const at::Tensor& q, const at::T
               "attention: req_pool_indices and seq_lens must be int64");
   TORCH_CHECK(q.scalar_type() == o.scalar_type(), "attention: q and o dtypes differ");
   TORCH_CHECK(k_buffer.scalar_type() == v_buffer.scalar_type() &&
-                  (k_buffer.scalar_type() == q.scalar_type() || k_buffer.scalar_type() == at::kBFloat16),
-              "attention: the KV pool must hold the model dtype or bfloat16, got ", k_buffer.scalar_type(),
-              " for a ", q.scalar_type(), " query");
+                  (k_buffer.scalar_type() == q.scalar_type() || k_buffer.scalar_type() == at::kBFloat16 ||
+                   k_buffer.scalar_type() == at::kFloat8_e5m2),
+              "attention: the KV pool must hold the model dtype, bfloat16 or float8_e5m2, got ",
+              k_buffer.scalar_type(), " for a ", q.scalar_type(), " query");
   const int64_t heads = q.size(1), kv_heads = k_buffer.size(1);
   TORCH_CHECK(heads % kv_heads == 0, "attention: query heads must be a multiple of KV heads");
   PagedAttentionArgs a;

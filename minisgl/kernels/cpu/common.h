@@ -72,11 +72,26 @@ inline void with_rows(int64_t rows, Fn&& fn) {
   }
 }
 
-// Vec::size() consecutive values of a model-dtype row as float32 (bf16 and fp16 widen exactly).
+// Vec::size() consecutive values of a model-dtype row, or of a KV pool row, as float32 (bf16, fp16
+// and fp8 e5m2 all widen exactly).
 template <typename T>
 inline at::vec::Vectorized<float> load_float(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return at::vec::Vectorized<float>::loadu(p);
+  } else if constexpr (std::is_same_v<T, c10::Float8_e5m2>) {
+    // e5m2 is float16's top byte (same exponent, two of its ten mantissa bits): a byte shifted into
+    // the high half of a 16-bit lane is the float16 of the same value, which F16C widens.
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8));
+#elif defined(CPU_CAPABILITY_AVX2)
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
+#else
+    float buf[at::vec::Vectorized<float>::size()];
+    for (int64_t i = 0; i < at::vec::Vectorized<float>::size(); ++i) buf[i] = static_cast<float>(p[i]);
+    return at::vec::Vectorized<float>::loadu(buf);
+#endif
   } else {
     at::vec::Vectorized<float> out;
     at::vec::load_to_float<T>(p, out);
@@ -103,7 +118,11 @@ inline const float* as_float(const T* src, float* buf, int64_t n) {
 
 template <typename T>
 inline void store_row(const float* src, T* dst, int64_t n) {
-  if constexpr (!std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, c10::Float8_e5m2>) {
+    // Only new K/V rows are stored in fp8 (a few per request and step): c10's scalar rounding, the one
+    // .to(torch.float8_e5m2) uses, so both backends' pools hold the same bytes.
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+  } else if constexpr (!std::is_same_v<T, float>) {
     using fVec = at::vec::Vectorized<float>;
     int64_t i = 0;
     for (; i + 2 * fVec::size() <= n; i += 2 * fVec::size()) {

@@ -11,7 +11,8 @@ one SDPA call however many requests run. Extend keeps the per-request loop:
 prompts differ in length and SDPA's causal kernel wants dense, unpadded rows.
 As in the Triton backend, extend reads the cached prefix from the pool and the
 new tokens' K/V from its arguments, so a caller may attend over K/V the pool does
-not hold (MLA's forward_normal, whose pool holds latents: mla_attention.py).
+not hold (MLA's forward_normal, whose pool holds latents: mla_attention.py); K/V
+it stores are first rounded to the pool's dtype, so they read the same either way.
 MLA's absorbed attention is a one-KV-head GQA with values narrower than keys,
 which both modes run as they are. An EAGLE tree (speculative/eagle_utils.py) replaces the
 causal mask of an extend with ``spec_info.custom_mask``, as SGLang's backends take it.
@@ -57,6 +58,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         v = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
         out = torch.empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim, dtype=q.dtype, device=q.device)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        if save_kv_cache and k_buf.dtype != q.dtype:
+            # New tokens are seen as the pool holds them (rounded to --kv-cache-dtype), as every later
+            # step and the C++ kernels see them, and as SGLang's backend does by reading them back.
+            k, v = k.to(k_buf.dtype).to(q.dtype), v.to(v_buf.dtype).to(q.dtype)
         # EAGLE's trees (speculative/eagle_utils.py): each new token sees the prefix and its own
         # ancestors, one [extend_len, seq_len] block per request, flattened (SGLang's custom_mask).
         custom_mask = getattr(forward_batch.spec_info, "custom_mask", None)
