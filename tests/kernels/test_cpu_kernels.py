@@ -210,14 +210,14 @@ def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_di
     torch.testing.assert_close(o.double(), torch.cat(expected), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e5m2])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_extend_attention_on_brgemm_matches_sdpa(head_dim, monkeypatch):
-    """A bf16 model over a bf16 pool takes extend's Q . K^T and p . v on oneDNN's brgemm, as an AMX CPU
-    runs them (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
+def test_extend_attention_on_brgemm_matches_sdpa(head_dim, kv_dtype, monkeypatch):
+    """A bf16 model over a bf16 or e5m2 pool takes extend's Q . K^T and p . v on oneDNN's brgemm, as an
+    AMX CPU runs them (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
     force_brgemm(monkeypatch, torch.bfloat16)
-    bf16 = (torch.bfloat16, torch.bfloat16)
-    test_extend_attention_matches_sdpa(*bf16, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)
-    test_extend_attention_with_a_tree_mask_matches_sdpa(*bf16, head_dim)
+    test_extend_attention_matches_sdpa(torch.bfloat16, kv_dtype, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)
+    test_extend_attention_with_a_tree_mask_matches_sdpa(torch.bfloat16, kv_dtype, head_dim)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -242,6 +242,22 @@ def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     assert brgemm_calls_seen("0") == set()
 
 
+E5M2_POOL_EXTEND = """
+import torch
+from minisgl.kernels.cpu import is_available
+assert is_available()
+from tests.kernels.test_cpu_kernels import test_extend_attention_matches_sdpa
+test_extend_attention_matches_sdpa(torch.bfloat16, torch.float8_e5m2, [0, 17], [40, 20], 4, 4, 128)
+"""
+
+
+def test_a_bf16_model_over_an_e5m2_pool_takes_the_same_brgemm_path(monkeypatch):
+    """--kv-cache-dtype fp8_e5m2 under a bf16 model: the keys and values are widened to bf16 and go to
+    the same two brgemm shapes as a bf16 pool's, not to the float32 FMA tiles."""
+    force_brgemm(monkeypatch, torch.bfloat16)
+    assert {("bf16", "128x32"), ("bf16", "32x128")} <= brgemm_calls_seen("1", E5M2_POOL_EXTEND)
+
+
 DENSE_GEMMS = """
 import torch
 from minisgl.kernels.cpu import is_available

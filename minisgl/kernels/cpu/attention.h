@@ -288,11 +288,12 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
   // Keys visible to row r: 0 .. prefix + first + j.
   auto visible = [&](int64_t r) { return prefix + first + (r % rows_per_head) / a.group + 1; };
-  // A bf16 model over a bf16 pool on a CPU with AVX512-BF16 (`engine`) takes p . v on vdpbf16ps
-  // (attention_dpbf16.h), and with many rows per key (extend, `dp`) the scores too, from the queries
-  // as the model made them, unscaled.
-  constexpr bool kBf16 =
-      std::is_same_v<scalar_t, at::BFloat16> && std::is_same_v<kv_t, at::BFloat16> && kDim > 0 && kDim % 32 == 0;
+  // A bf16 model over a bf16 (or e5m2) pool on a CPU with AVX512-BF16 (`engine`) takes p . v on
+  // vdpbf16ps (attention_dpbf16.h), and with many rows per key (extend, `dp`) the scores too, from the
+  // queries as the model made them, unscaled.
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16> &&
+                         (std::is_same_v<kv_t, at::BFloat16> || std::is_same_v<kv_t, c10::Float8_e5m2>) && kDim > 0 &&
+                         kDim % 32 == 0;
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
   const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // both products on AMX's tiles (attention_brgemm.h)

@@ -47,6 +47,20 @@ inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const a
   }
 }
 
+// n values of a pool row as bf16, for the vdpbf16ps and brgemm paths of a bf16 model: a bf16 row
+// itself, an e5m2 row widened into buf, exactly (n a multiple of 2 * Vec::size()).
+template <typename kv_t>
+inline const at::BFloat16* bf16_row(const kv_t* row, at::BFloat16* buf, int64_t n) {
+  if constexpr (std::is_same_v<kv_t, at::BFloat16>) {
+    return row;
+  } else {
+    for (int64_t i = 0; i < n; i += 2 * Vec::size()) {
+      at::vec::convert_from_float<at::BFloat16>(load_float(row + i), load_float(row + i + Vec::size())).store(buf + i);
+    }
+    return buf;
+  }
+}
+
 // Checks the new tokens' key/value ([tokens, kv_heads, dim]) and their slots against the pool.
 inline void check_new_kv(const PagedAttentionArgs& a, const at::Tensor& q, const at::Tensor& key,
                          const at::Tensor& value, const at::Tensor& loc) {

@@ -1,6 +1,6 @@
 // What attention's passes keep per thread (attention.h's Scratch), the key block they share, and
 // their two products on brgemm: the matrix-engine path of an AMX CPU (or of MINISGL_BRGEMM=1,
-// common.h), as sgl-kernel's extend attention multiplies, for a bf16 model over a bf16 pool.
+// common.h), as sgl-kernel's extend attention multiplies, for a bf16 model over a bf16 (or e5m2) pool.
 #pragma once
 
 #include "attention_args.h"
@@ -91,17 +91,18 @@ void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_he
   const int64_t keys = round_up(kv_len, kKeyBlock);
   Scratch::grow(sc.values_w, keys * d);
   Scratch::grow(sc.pv_out, kBrgemmRows * d);
-  static_assert(std::is_same_v<kv_t, at::BFloat16>, "brgemm's p . v reads a bf16 pool");
   at::BFloat16* vw = sc.values_w.data();
   // Values t and t + 1's column c become one 32-bit word, vw[t / 2][c]: whole words in a loop the
   // compiler vectorizes (one 16-bit element at a time, into every other halfword, it was 40% of
   // attend_block's own time on an EAGLE tree's verify: 16 tokens, ~130 keys).
   static constexpr uint16_t zeros[kMaxHeadDim] = {};  // static: no 512-byte memset per call
-  const auto value = [&](int64_t t) {  // value t's bits, or zeros past kv_len
-    return t < kv_len ? reinterpret_cast<const uint16_t*>(v_head + token_slots[t] * a.v_slot_stride) : zeros;
+  at::BFloat16 bufs[2][kMaxHeadDim];                   // an e5m2 pool's two values, widened
+  const auto value = [&](int64_t t, at::BFloat16* buf) {  // value t's bf16 bits, or zeros past kv_len
+    if (t >= kv_len) return zeros;
+    return reinterpret_cast<const uint16_t*>(bf16_row(v_head + token_slots[t] * a.v_slot_stride, buf, d));
   };
   for (int64_t t = 0; t < keys; t += 2) {
-    const uint16_t *v0 = value(t), *v1 = value(t + 1);
+    const uint16_t *v0 = value(t, bufs[0]), *v1 = value(t + 1, bufs[1]);
     uint32_t* w = reinterpret_cast<uint32_t*>(vw) + t / 2 * d;
     for (int64_t c = 0; c < d; ++c) w[c] = v0[c] | static_cast<uint32_t>(v1[c]) << 16;
   }

@@ -1,6 +1,7 @@
-// Attention's two products on AVX512-BF16 (vdpbf16ps), for a bf16 model over a bf16 KV pool: the
-// matrix-engine counterparts of score_tile and value_tile (attention.h), which widen every key and
-// value to float32 and multiply with FMAs.
+// Attention's two products on AVX512-BF16 (vdpbf16ps), for a bf16 model over a bf16 or an fp8 e5m2
+// KV pool: the matrix-engine counterparts of score_tile and value_tile (attention.h), which widen
+// every key and value to float32 and multiply with FMAs. An e5m2 row is widened to bf16 first
+// (bf16_row), exactly: every e5m2 value is a bf16 value.
 //
 // vdpbf16ps multiplies 16 pairs of bf16 values by 16 other pairs and adds both products of each
 // pair into a float32 lane: 32 multiply-adds per instruction, on operands read as they are stored,
@@ -26,13 +27,15 @@
 namespace minisgl {
 
 // A block of kBlock keys as 32-bit words, for score_tile_dpbf16: kw[c2 * kBlock + t] holds values
-// 2 c2 and 2 c2 + 1 of key t, which is word c2 of the key's row as the pool stores it, so the
-// transposition moves words and converts nothing. Keys n..kBlock-1 are zeros (never read back).
-template <int kDim, int kBlock>
-inline void transpose_key_words(const at::BFloat16* const* keys, int64_t n, uint32_t* kw) {
+// 2 c2 and 2 c2 + 1 of key t, which is word c2 of the key's row as a bf16 pool stores it, so the
+// transposition moves words and converts nothing (an e5m2 row is widened first). Keys n..kBlock-1
+// are zeros (never read back).
+template <int kDim, int kBlock, typename kv_t>
+inline void transpose_key_words(const kv_t* const* keys, int64_t n, uint32_t* kw) {
+  at::BFloat16 buf[kDim];
   for (int64_t t = 0; t < kBlock; ++t) {
     if (t < n) {
-      const at::BFloat16* k = keys[t];
+      const at::BFloat16* k = bf16_row(keys[t], buf, kDim);
       for (int64_t c2 = 0; c2 < kDim / 2; ++c2) std::memcpy(kw + c2 * kBlock + t, k + 2 * c2, sizeof(uint32_t));
     } else {
       for (int64_t c2 = 0; c2 < kDim / 2; ++c2) kw[c2 * kBlock + t] = 0;
@@ -88,9 +91,10 @@ MINISGL_AVX512_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m
 // one instruction adds p_t v_t[c] + p_u v_u[c] for 16 values c. The unpacks pair values within each
 // 128-bit lane, so the accumulators hold the values in the order (0-3, 8-11, ...) and (4-7, 12-15,
 // ...); two two-source permutes put them back in order at the store. An odd last key pairs with zeros.
-template <int ROWS>
-MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const at::BFloat16* v_piece,
+template <int ROWS, typename kv_t>
+MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const kv_t* v_piece,
                                            int64_t v_stride, const int32_t* token_slots, float* out, int64_t d) {
+  at::BFloat16 t_buf[64], u_buf[64];  // an e5m2 pool's two value pieces, widened
   __m512 acc[ROWS][4];
 #pragma GCC unroll 8
   for (int i = 0; i < ROWS; ++i) {
@@ -99,8 +103,8 @@ MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, in
   uint32_t words[ROWS];
   int64_t t = 0;
   for (; t + 1 < n; t += 2) {
-    const at::BFloat16* vt = v_piece + token_slots[t] * v_stride;
-    const at::BFloat16* vu = v_piece + token_slots[t + 1] * v_stride;
+    const at::BFloat16* vt = bf16_row(v_piece + token_slots[t] * v_stride, t_buf, 64);
+    const at::BFloat16* vu = bf16_row(v_piece + token_slots[t + 1] * v_stride, u_buf, 64);
     const __m512i t0 = _mm512_loadu_si512(vt), t1 = _mm512_loadu_si512(vt + 32);
     const __m512i u0 = _mm512_loadu_si512(vu), u1 = _mm512_loadu_si512(vu + 32);
     const __m512bh x[4] = {(__m512bh)_mm512_unpacklo_epi16(t0, u0), (__m512bh)_mm512_unpackhi_epi16(t0, u0),
@@ -109,7 +113,7 @@ MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, in
     add_value_pair<ROWS>(acc, x, words);
   }
   if (t < n) {  // the last key alone: (v_t, 0) against (p_t, 0)
-    const at::BFloat16* vt = v_piece + token_slots[t] * v_stride;
+    const at::BFloat16* vt = bf16_row(v_piece + token_slots[t] * v_stride, t_buf, 64);
     const __m512i t0 = _mm512_loadu_si512(vt), t1 = _mm512_loadu_si512(vt + 32), zero = _mm512_setzero_si512();
     const __m512bh x[4] = {(__m512bh)_mm512_unpacklo_epi16(t0, zero), (__m512bh)_mm512_unpackhi_epi16(t0, zero),
                            (__m512bh)_mm512_unpacklo_epi16(t1, zero), (__m512bh)_mm512_unpackhi_epi16(t1, zero)};
