@@ -90,8 +90,10 @@ def main() -> None:
                 )
 
         qs = q.view(b, n, HEADS, d).transpose(1, 2)
-        ks = key.view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
-        vs = value.view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
+        # The keys and values the kernel attends: as the pool holds them (rounded to its dtype).
+        rounded = lambda t: t.to(kv_dtype).to(dtype)  # noqa: E731
+        ks = rounded(key).view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
+        vs = rounded(value).view(b, n, KV_HEADS, d).transpose(1, 2).repeat_interleave(group, 1)
         extend()
         ref = F.scaled_dot_product_attention(qs.float(), ks.float(), vs.float(), is_causal=True)
         err = (o.view(b, n, HEADS, d).transpose(1, 2).float() - ref).abs().max().item()

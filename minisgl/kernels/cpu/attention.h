@@ -297,6 +297,13 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
   const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // both products on AMX's tiles (attention_brgemm.h)
+  // An e5m2 pool's p . v: on vdpbf16ps where a head has several row tiles (extend), its values
+  // widened to bf16 once per head; decode's one tile of a GQA group takes FMAs, widening each value
+  // as it reads it (0.71-0.84 against 0.82-0.96 ms a layer on vdpbf16ps, 64 requests x 200 keys,
+  // AVX-512 EPYC). A bf16 pool's decode stays on vdpbf16ps: on FMAs it took 1.01-1.21 ms.
+  constexpr bool kE5m2 = kBf16 && kDim % 64 == 0 && std::is_same_v<kv_t, c10::Float8_e5m2>;
+  const bool dp_values = engine && (rows_per_head > kValueRows || !kE5m2);
+  const bool widen = kE5m2 && dp_values;
   if (engine) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
@@ -346,7 +353,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
     sc.inv_sum[r] = 1.f / sum;
     if (partial.lse) partial.lse[r] = m + std::log(sum);
     std::fill(s + visible(r), s + kv_len, 0.f);
-    if (engine) store_row(s, sc.p_bf16.data() + r * ld, kv_len);  // rounded to nearest even, for vdpbf16ps
+    if (dp_values) store_row(s, sc.p_bf16.data() + r * ld, kv_len);  // rounded to nearest even, for vdpbf16ps
     if (brgemm) std::fill(sc.p_bf16.data() + r * ld + kv_len, sc.p_bf16.data() + (r + 1) * ld, at::BFloat16(0.f));
   }
   // 3. o_r = sum_t p[r][t] * v_t / sum_r, in tiles of a KV head's rows: for a bf16 model over a bf16
@@ -380,15 +387,23 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   }
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
+    if constexpr (kE5m2) {
+      if (widen) widen_values(a, sc, v_buf + (head_begin + h) * d, token_slots, visible((h + 1) * rows_per_head - 1), d);
+    }
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
       const int64_t n_rows = std::min<int64_t>(kValueRows, (h + 1) * rows_per_head - r0);
       with_rows<kValueRows>(n_rows, [&]<int R>() {
         const int64_t n = visible(r0 + R - 1);
         if constexpr (kBf16 && kDim % 64 == 0) {
-          if (engine) {
+          if (dp_values) {
             for (int64_t c = 0; c < d; c += 64) {
-              value_tile_dpbf16<R>(sc.p_bf16.data() + r0 * ld, ld, n, v_buf + (head_begin + h) * d + c, a.v_slot_stride,
-                                   token_slots, out + c, d);
+              if (widen) {
+                value_tile_dpbf16<R>(sc.p_bf16.data() + r0 * ld, ld, n, sc.values_bf16.data() + c, d, sc.iota.data(),
+                                     out + c, d);
+              } else {
+                value_tile_dpbf16<R>(sc.p_bf16.data() + r0 * ld, ld, n, v_buf + (head_begin + h) * d + c,
+                                     a.v_slot_stride, token_slots, out + c, d);
+              }
             }
             return;
           }

@@ -34,6 +34,10 @@ struct Scratch {
   // block of rows' float32 outputs.
   std::vector<at::BFloat16> values_w;
   std::vector<float> pv_out;
+  // An e5m2 pool's values of one KV head widened to bf16 for vdpbf16ps ([keys][d]), and the slots
+  // 0, 1, 2, ... they are read through (widen_values, attention.h).
+  std::vector<at::BFloat16> values_bf16;
+  std::vector<int32_t> iota;
   // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
   // call kt_call. Later query blocks of the same request and head (extend) reuse them.
   int64_t kt_call = -1, kt_request = -1, kt_head = -1, kt_keys = 0;
