@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.kernels.cpu import is_available
+from minisgl.server_args import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from roofline import timings  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
-KV_NAMES = {"fp8_e5m2": "float8_e5m2"}  # SGLang's name for the pool dtype -> torch's
 
 
 def median_seconds(fn, rounds: int) -> float:
@@ -48,7 +48,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument(
-        "--kv-cache-dtype", default="auto", help="the pool's dtype (auto: each row's own; bfloat16, fp8_e5m2)"
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        help="the pool's dtype (auto: each row's own)",
     )
     parser.add_argument(
         "--layers", type=int, default=1, help="pools to call in turn, as a forward's layers: 30 keeps K/V out of cache"
@@ -66,11 +69,7 @@ def main() -> None:
         dtype = getattr(torch, name)
         torch.manual_seed(0)
         pool = b * (n + 1) + 1
-        kv_dtype = (
-            dtype
-            if args.kv_cache_dtype == "auto"
-            else getattr(torch, KV_NAMES.get(args.kv_cache_dtype, args.kv_cache_dtype))
-        )
+        kv_dtype = dtype if args.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[args.kv_cache_dtype]
         pools = [
             (torch.randn(pool, KV_HEADS, d).to(kv_dtype), torch.randn(pool, KV_HEADS, d).to(kv_dtype))
             for _ in range(args.layers)

@@ -50,6 +50,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from minisgl.server_args import KV_CACHE_DTYPE_CHOICES  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).parent))
 from floor import floors, workload_steps  # noqa: E402
 from offline_engines import worker_main  # noqa: E402
@@ -178,8 +180,8 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        choices=["auto", "bfloat16", "fp8_e5m2"],
-        help="also run minisgl with this KV pool dtype (SGLang's flag: bfloat16, fp8_e5m2), in the same rounds",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        help="also run minisgl with this KV pool dtype (SGLang's flag), in the same rounds",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=10)
     parser.add_argument("--rows", type=int, default=12, help="operators to list per phase")
     parser.add_argument("--quantization", choices=["w8a8_int8", "gguf"], help="a quantized model (bench_quant's)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "fp8_e5m2"])
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the KV pool's dtype (SGLang's flag)")
     parser.add_argument("--torch-native", action="store_true", help="without minisgl's C++ CPU kernels")
     args = parser.parse_args()
     if args.torch_native:

@@ -18,6 +18,11 @@ from typing import Optional
 import torch
 
 # SGLang's other spellings of minisgl's flags (add_cli_args at 64bca53).
+# --kv-cache-dtype's values (SGLang's names; "bf16" is normalized to "bfloat16"), and the KV pool's
+# element type for each but "auto", the model's own (ModelRunner.load_model).
+KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
+KV_CACHE_DTYPE_CHOICES = ("auto", *KV_CACHE_DTYPES)
+
 CLI_ALIASES = {
     "model_path": ("--model",),
     "tp_size": ("--tensor-parallel-size",),
@@ -306,16 +311,15 @@ class ServerArgs:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be >= page_size")
-        if self.kv_cache_dtype not in ("auto", "bfloat16", "fp8_e5m2"):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: minisgl's KV pool holds the model's "
-                "dtype ('auto'), 'bf16'/'bfloat16' or 'fp8_e5m2'; SGLang's fp8_e4m3 (which takes per-layer "
-                "scales) and fp4_e2m1 are not implemented"
+                "dtype ('auto'), 'bf16'/'bfloat16', 'fp8_e5m2' or 'fp8_e4m3'; SGLang's fp4_e2m1 is not implemented"
             )
-        if self.kv_cache_dtype == "fp8_e5m2" and self.attention_backend == "triton":
+        if self.kv_cache_dtype.startswith("fp8") and self.attention_backend == "triton":
             raise ValueError(
-                "kv_cache_dtype 'fp8_e5m2' needs attention_backend 'intel_amx' or 'torch_native': minisgl's "
-                "Triton kernels read 16- and 32-bit pools only"
+                f"kv_cache_dtype {self.kv_cache_dtype!r} needs attention_backend 'intel_amx' or 'torch_native': "
+                "minisgl's Triton kernels read 16- and 32-bit pools only"
             )
         if self.enable_torch_compile and (self.device != "cpu" or self.attention_backend != "intel_amx"):
             raise ValueError(

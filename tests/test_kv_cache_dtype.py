@@ -1,4 +1,4 @@
-"""--kv-cache-dtype (SGLang's flag): a float32 model whose KV pool holds bfloat16 or float8 e5m2.
+"""--kv-cache-dtype (SGLang's flag): a float32 model whose KV pool holds bfloat16 or float8 (e5m2, e4m3).
 
 The kernels themselves are checked against SDPA on the same rounded K/V in
 tests/kernels/test_cpu_kernels.py; here the whole engine against Hugging Face's float32 model with
@@ -17,13 +17,12 @@ from transformers.models.llama import modeling_llama
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.kernels.cpu import is_available
-from minisgl.server_args import ServerArgs
+from minisgl.server_args import KV_CACHE_DTYPES, ServerArgs
 from tests._models import tiny_model_dir
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [10, 11], [5, 6, 7, 8, 9, 14, 15], [19]]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 BACKENDS = ["torch_native", pytest.param("intel_amx", marks=pytest.mark.skipif(not is_available(), reason="no C++"))]
-POOL_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}
 # Against the rounded reference the logprobs agreed to 2.2e-4 or better (float32's summation order).
 # Against the unrounded one they moved by up to 0.03 (bfloat16) and 1.2 (e5m2, two mantissa bits)
 # on these random tiny models, and an engine that attended over new tokens it had not rounded by 0.34.
@@ -59,11 +58,11 @@ def hf_with_rounded_kv(arch: str, pool_dtype: torch.dtype):
             hook.remove()
 
 
-@pytest.mark.parametrize("kv_cache_dtype", sorted(POOL_DTYPES))
+@pytest.mark.parametrize("kv_cache_dtype", sorted(KV_CACHE_DTYPES))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v2"])
 def test_narrow_kv_pool_serves_a_float32_model(arch, backend, kv_cache_dtype):
-    pool_dtype = POOL_DTYPES[kv_cache_dtype]
+    pool_dtype = KV_CACHE_DTYPES[kv_cache_dtype]
     kwargs = dict(model_path=tiny_model_dir(arch), max_total_tokens=256, chunked_prefill_size=4)
     engine = Engine(**kwargs, attention_backend=backend, kv_cache_dtype=kv_cache_dtype)
     runner = engine.scheduler.tp_worker.model_runner
@@ -99,12 +98,13 @@ def test_profile_fits_twice_the_tokens_in_a_bf16_pool():
     assert abs(fits["bfloat16"] / fits["auto"] - 2) < 0.01
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3", "fp4_e2m1", "float16"])
+@pytest.mark.parametrize("name", ["fp4_e2m1", "float16"])
 def test_kv_cache_dtypes_minisgl_lacks_are_refused_by_name(name):
     with pytest.raises(ValueError, match=f"kv_cache_dtype '{name}' is not supported"):
         ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype=name)
 
 
-def test_fp8_pool_is_refused_on_triton_by_name():
-    with pytest.raises(ValueError, match="'fp8_e5m2' needs attention_backend 'intel_amx' or 'torch_native'"):
-        ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype="fp8_e5m2", attention_backend="triton")
+@pytest.mark.parametrize("name", ["fp8_e5m2", "fp8_e4m3"])
+def test_fp8_pool_is_refused_on_triton_by_name(name):
+    with pytest.raises(ValueError, match=f"'{name}' needs attention_backend 'intel_amx' or 'torch_native'"):
+        ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype=name, attention_backend="triton")

@@ -47,7 +47,7 @@ from minisgl.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPo
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_loader.loader import get_model
-from minisgl.server_args import ServerArgs
+from minisgl.server_args import KV_CACHE_DTYPES, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -165,12 +165,13 @@ class ModelRunner:
             # Decode streams every weight each step: on 2 MiB pages, 512x fewer TLB misses (huge_pages.py).
             move_to_huge_pages(self.model)
         self.dtype = self.model_config.dtype
-        # SGLang's configure_kv_cache_dtype, minus fp8_e4m3 and fp4 (ServerArgs refuses them): "auto"
-        # keeps the model's dtype; bfloat16 halves a float32 model's KV and what decode attention reads,
-        # fp8_e5m2 halves a bfloat16 model's (float16's top byte: its range, two mantissa bits, no scale).
-        kv = self.server_args.kv_cache_dtype
+        # SGLang's configure_kv_cache_dtype, minus fp4 (ServerArgs refuses it): "auto" keeps the model's
+        # dtype; bfloat16 halves a float32 model's KV and what decode attention reads, fp8 halves a
+        # bfloat16 model's, unscaled (SGLang's k_scale/v_scale of 1.0, where a checkpoint has none).
         self.kv_cache_dtype = (
-            self.dtype if kv == "auto" else {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2}[kv]
+            self.dtype
+            if self.server_args.kv_cache_dtype == "auto"
+            else KV_CACHE_DTYPES[self.server_args.kv_cache_dtype]
         )
 
     def profile_max_num_token(self) -> int:

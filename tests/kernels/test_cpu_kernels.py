@@ -78,8 +78,8 @@ def reference_attention(c, scale):
 
 
 # (model dtype, pool dtype): the pool holds the model's dtype, bfloat16 (--kv-cache-dtype bf16) or
-# float8 e5m2 (--kv-cache-dtype fp8_e5m2). With a narrower pool the reference reads the same rounded
-# K/V, so the query keeps its own dtype's tolerance.
+# float8 (--kv-cache-dtype fp8_e5m2, fp8_e4m3). With a narrower pool the reference reads the same
+# rounded K/V, so the query keeps its own dtype's tolerance.
 DTYPE_PAIRS = [
     (torch.float32, torch.float32),
     (torch.bfloat16, torch.bfloat16),
@@ -87,6 +87,8 @@ DTYPE_PAIRS = [
     (torch.float16, torch.bfloat16),
     (torch.float32, torch.float8_e5m2),
     (torch.bfloat16, torch.float8_e5m2),
+    (torch.float32, torch.float8_e4m3fn),
+    (torch.bfloat16, torch.float8_e4m3fn),
 ]
 
 
@@ -210,10 +212,10 @@ def test_extend_attention_with_a_tree_mask_matches_sdpa(dtype, kv_dtype, head_di
     torch.testing.assert_close(o.double(), torch.cat(expected), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e5m2])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_extend_attention_on_brgemm_matches_sdpa(head_dim, kv_dtype, monkeypatch):
-    """A bf16 model over a bf16 or e5m2 pool takes extend's Q . K^T and p . v on oneDNN's brgemm, as an
+    """A bf16 model over a bf16 or fp8 pool takes extend's Q . K^T and p . v on oneDNN's brgemm, as an
     AMX CPU runs them (MINISGL_BRGEMM=1 on a CPU without AMX): causal, with a prefix, and under a tree mask."""
     force_brgemm(monkeypatch, torch.bfloat16)
     test_extend_attention_matches_sdpa(torch.bfloat16, kv_dtype, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)
@@ -306,14 +308,14 @@ def test_extend_attention_refuses_a_bad_tree_mask(fault):
 
 @pytest.mark.parametrize(
     "k_dtype,v_dtype",
-    [(torch.float16, torch.float16), (torch.bfloat16, torch.float32), (torch.float8_e4m3fn, torch.float8_e4m3fn)],
+    [(torch.float16, torch.float16), (torch.bfloat16, torch.float32), (torch.float8_e4m3fnuz, torch.float8_e4m3fnuz)],
 )
 def test_attention_rejects_a_pool_of_another_dtype(k_dtype, v_dtype):
-    """A float32 model's pool may hold float32, bfloat16 or float8 e5m2, K and V alike; nothing else."""
+    """A float32 model's pool may hold float32, bfloat16 or float8 (e5m2, e4m3fn), K and V alike; nothing else."""
     c = make_paged_case([3], [1], 4, 4, 64, torch.float32, seed=2)
     key, value, loc = new_kv(c, [1], 4, torch.float32)
     o = torch.empty(1, 4, 64)
-    with pytest.raises(RuntimeError, match="model dtype, bfloat16 or float8_e5m2"):
+    with pytest.raises(RuntimeError, match=r"model dtype, bfloat16 or float8 \(e5m2, e4m3fn\)"):
         ops.extend_attention_cpu(
             c["q"],
             o,
@@ -410,3 +412,38 @@ def test_intel_amx_backend_matches_torch_native(arch, page_size):
         got = amx.generate(input_ids=prompts, sampling_params=greedy)
         assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
     assert amx.flush_cache() and amx.scheduler.token_to_kv_pool_allocator.available_size() == 256
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e5m2, torch.float8_e4m3fn])
+def test_every_fp8_code_widens_exactly_and_stores_round_as_torch_casts(kv_dtype):
+    """All 256 codes of the pool dtype read back as torch widens them (the kernels' vector widening
+    against c10's scalar one), e4m3's two NaN codes excepted: they read as +-480, and no store makes
+    them, since torch's cast (and so the kernels' stores) saturates e4m3 at +-448. Values past the
+    format's range are stored as torch's cast stores them."""
+    codes = torch.arange(256, dtype=torch.uint8).view(kv_dtype)
+    want = codes.float()
+    compared = ~want.isnan() if kv_dtype == torch.float8_e4m3fn else torch.ones(256, dtype=torch.bool)
+
+    def decode(c, key):
+        _, _, loc = new_kv(c, [1], 1, torch.float32)
+        o, zeros = torch.empty(1, 1, 64), torch.zeros(1, 1, 64)
+        ops.decode_attention_cpu(
+            zeros, o, c["k_buffer"], c["v_buffer"], key, zeros, loc, c["req_to_token"], c["req_pool_indices"],
+            c["seq_lens"], 1.0,
+        )  # fmt: skip
+        return o[0, 0], loc
+
+    for i in range(4):  # 64 codes at a time: the value row of a request's one cached token
+        c = make_paged_case([1], [1], 1, 1, 64, torch.float32, seed=5, kv_dtype=kv_dtype)
+        cached = c["slots"][0][0].long()
+        c["k_buffer"][cached] = torch.zeros(1, 64).to(kv_dtype)
+        c["v_buffer"][cached] = codes[64 * i : 64 * (i + 1)].view(1, 64)
+        # q = 0 scores both keys 0: the output is the mean of the cached value row and the new zeros
+        out, _ = decode(c, torch.zeros(1, 1, 64))
+        ok = compared[64 * i : 64 * (i + 1)]
+        torch.testing.assert_close(out[ok], want[64 * i : 64 * (i + 1)][ok] / 2, atol=0, rtol=0, equal_nan=True)
+    for big in (1e6, -1e6):  # e4m3 saturates at +-448, e5m2 overflows to +-inf, as torch's cast does
+        c = make_paged_case([1], [1], 1, 1, 64, torch.float32, seed=6, kv_dtype=kv_dtype)
+        key = torch.full((1, 1, 64), big)
+        _, loc = decode(c, key)
+        assert torch.equal(c["k_buffer"][loc].view(torch.uint8), key.to(kv_dtype).view(torch.uint8))

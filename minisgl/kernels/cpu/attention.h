@@ -188,10 +188,11 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
           for (int64_t t = 0; t < n; ++t) block[t] = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
           transpose_key_words<kDim, kKeyBlock>(block, n, kw);
         } else {
+          float row[kMaxHeadDim];  // a key widened in vector registers (e4m3 element by element: ~5% slower extend)
           for (int64_t t = 0; t < kKeyBlock; ++t) {
             if (t < n) {
-              const kv_t* k = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
-              for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = static_cast<float>(k[c]);
+              const float* k = as_float(k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d, row, d);
+              for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = k[c];
             } else {  // past the last key: zeros, never read back, but no NaN or denormal garbage to multiply
               for (int64_t c = 0; c < d; ++c) kt[c * kKeyBlock + t] = 0.f;
             }
@@ -288,22 +289,22 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   auto row = [&](int64_t h, int64_t j, int64_t g) { return h * rows_per_head + j * a.group + g; };
   // Keys visible to row r: 0 .. prefix + first + j.
   auto visible = [&](int64_t r) { return prefix + first + (r % rows_per_head) / a.group + 1; };
-  // A bf16 model over a bf16 (or e5m2) pool on a CPU with AVX512-BF16 (`engine`) takes p . v on
+  // A bf16 model over a bf16 (or fp8) pool on a CPU with AVX512-BF16 (`engine`) takes p . v on
   // vdpbf16ps (attention_dpbf16.h), and with many rows per key (extend, `dp`) the scores too, from the
   // queries as the model made them, unscaled.
-  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16> &&
-                         (std::is_same_v<kv_t, at::BFloat16> || std::is_same_v<kv_t, c10::Float8_e5m2>) && kDim > 0 &&
-                         kDim % 32 == 0;
+  constexpr bool kFp8 = std::is_same_v<kv_t, c10::Float8_e5m2> || std::is_same_v<kv_t, c10::Float8_e4m3fn>;
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16> && (std::is_same_v<kv_t, at::BFloat16> || kFp8) &&
+                         kDim > 0 && kDim % 32 == 0;
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
   const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // both products on AMX's tiles (attention_brgemm.h)
-  // An e5m2 pool's p . v: on vdpbf16ps where a head has several row tiles (extend), its values
+  // An fp8 pool's p . v: on vdpbf16ps where a head has several row tiles (extend), its values
   // widened to bf16 once per head; decode's one tile of a GQA group takes FMAs, widening each value
   // as it reads it (0.71-0.84 against 0.82-0.96 ms a layer on vdpbf16ps, 64 requests x 200 keys,
-  // AVX-512 EPYC). A bf16 pool's decode stays on vdpbf16ps: on FMAs it took 1.01-1.21 ms.
-  constexpr bool kE5m2 = kBf16 && kDim % 64 == 0 && std::is_same_v<kv_t, c10::Float8_e5m2>;
-  const bool dp_values = engine && (rows_per_head > kValueRows || !kE5m2);
-  const bool widen = kE5m2 && dp_values;
+  // AVX-512 EPYC, e5m2). A bf16 pool's decode stays on vdpbf16ps: on FMAs it took 1.01-1.21 ms.
+  constexpr bool kWidenable = kBf16 && kDim % 64 == 0 && kFp8;
+  const bool dp_values = engine && (rows_per_head > kValueRows || !kFp8);
+  const bool widen = kWidenable && dp_values;
   if (engine) sc.grow_bf16(rows, d, kv_len);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t j = 0; j < count; ++j) {
@@ -387,8 +388,10 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   }
   float out[kValueRows * kMaxHeadDim];
   for (int64_t h = 0; h < heads; ++h) {
-    if constexpr (kE5m2) {
-      if (widen) widen_values(a, sc, v_buf + (head_begin + h) * d, token_slots, visible((h + 1) * rows_per_head - 1), d);
+    if constexpr (kWidenable) {
+      if (widen) {
+        widen_values(a, sc, v_buf + (head_begin + h) * d, token_slots, visible((h + 1) * rows_per_head - 1), d);
+      }
     }
     for (int64_t r0 = h * rows_per_head; r0 < (h + 1) * rows_per_head; r0 += kValueRows) {
       const int64_t n_rows = std::min<int64_t>(kValueRows, (h + 1) * rows_per_head - r0);

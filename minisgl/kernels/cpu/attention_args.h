@@ -1,11 +1,11 @@
 // The arguments of the paged attention kernels (decode.cpp, extend.cpp), their checks, and the
 // dispatch on the pool's dtype and the head dim that instantiates attend_block (attention.h).
 //
-// The pool holds the model's dtype, bfloat16 under --kv-cache-dtype bf16, or float8 e5m2 under
-// --kv-cache-dtype fp8_e5m2 (SGLang's flag and names): K/V then take a half or a quarter of float32's
-// memory and of the bytes decode attention streams. The query, the output and the new tokens' K/V
-// stay in the model's dtype; K/V are rounded to the pool's dtype when stored, and every read widens a
-// pool row to float32 in registers (load_float) anyway.
+// The pool holds the model's dtype, bfloat16 under --kv-cache-dtype bf16, or float8 (e5m2 or e4m3)
+// under --kv-cache-dtype fp8_e5m2 / fp8_e4m3 (SGLang's flag and names): K/V then take a half or a
+// quarter of float32's memory and of the bytes decode attention streams. The query, the output and
+// the new tokens' K/V stay in the model's dtype; K/V are rounded to the pool's dtype when stored,
+// and every read widens a pool row to float32 in registers (load_float) anyway.
 #pragma once
 
 #include "common.h"
@@ -48,7 +48,7 @@ inline void store_kv(const PagedAttentionArgs& a, const at::Tensor& key, const a
 }
 
 // n values of a pool row as bf16, for the vdpbf16ps and brgemm paths of a bf16 model: a bf16 row
-// itself, an e5m2 row widened into buf, exactly (n a multiple of 2 * Vec::size()).
+// itself, an fp8 row widened into buf, exactly (n a multiple of 2 * Vec::size()).
 template <typename kv_t>
 inline const at::BFloat16* bf16_row(const kv_t* row, at::BFloat16* buf, int64_t n) {
   if constexpr (std::is_same_v<kv_t, at::BFloat16>) {
@@ -93,13 +93,15 @@ void dispatch_head_dim(const PagedAttentionArgs& a, Fn&& fn) {
 }
 
 // Calls fn.template operator()<kv_t>() with the pool's element type: the model's (scalar_t),
-// bfloat16 or float8 e5m2 (check_paged_attention allows no other).
+// bfloat16, float8 e5m2 or float8 e4m3 (check_paged_attention allows no other).
 template <typename scalar_t, typename Fn>
 void dispatch_kv_dtype(const at::Tensor& k_buffer, Fn&& fn) {
   if (k_buffer.scalar_type() == c10::CppTypeToScalarType<scalar_t>::value) {
     fn.template operator()<scalar_t>();
   } else if (k_buffer.scalar_type() == at::kFloat8_e5m2) {
     fn.template operator()<c10::Float8_e5m2>();
+  } else if (k_buffer.scalar_type() == at::kFloat8_e4m3fn) {
+    fn.template operator()<c10::Float8_e4m3fn>();
   } else {
     fn.template operator()<at::BFloat16>();
   }
@@ -126,8 +128,8 @@ inline PagedAttentionArgs check_paged_attention(const at::Tensor& q, const at::T
   TORCH_CHECK(q.scalar_type() == o.scalar_type(), "attention: q and o dtypes differ");
   TORCH_CHECK(k_buffer.scalar_type() == v_buffer.scalar_type() &&
                   (k_buffer.scalar_type() == q.scalar_type() || k_buffer.scalar_type() == at::kBFloat16 ||
-                   k_buffer.scalar_type() == at::kFloat8_e5m2),
-              "attention: the KV pool must hold the model dtype, bfloat16 or float8_e5m2, got ",
+                   k_buffer.scalar_type() == at::kFloat8_e5m2 || k_buffer.scalar_type() == at::kFloat8_e4m3fn),
+              "attention: the KV pool must hold the model dtype, bfloat16 or float8 (e5m2, e4m3fn), got ",
               k_buffer.scalar_type(), " for a ", q.scalar_type(), " query");
   const int64_t heads = q.size(1), kv_heads = k_buffer.size(1);
   TORCH_CHECK(heads % kv_heads == 0, "attention: query heads must be a multiple of KV heads");

@@ -1,6 +1,6 @@
 // What attention's passes keep per thread (attention.h's Scratch), the key block they share, and
 // their two products on brgemm: the matrix-engine path of an AMX CPU (or of MINISGL_BRGEMM=1,
-// common.h), as sgl-kernel's extend attention multiplies, for a bf16 model over a bf16 (or e5m2) pool.
+// common.h), as sgl-kernel's extend attention multiplies, for a bf16 model over a bf16 (or fp8) pool.
 #pragma once
 
 #include "attention_args.h"
@@ -34,8 +34,8 @@ struct Scratch {
   // block of rows' float32 outputs.
   std::vector<at::BFloat16> values_w;
   std::vector<float> pv_out;
-  // An e5m2 pool's values of one KV head widened to bf16 for vdpbf16ps ([keys][d]), and the slots
-  // 0, 1, 2, ... they are read through (widen_values, attention.h).
+  // An fp8 pool's values of one KV head widened to bf16 for vdpbf16ps ([keys][d]), and the slots
+  // 0, 1, 2, ... they are read through (widen_values, attention_dpbf16.h).
   std::vector<at::BFloat16> values_bf16;
   std::vector<int32_t> iota;
   // Which keys keys_t holds: those [0, kt_keys) of KV head kt_head of request kt_request, in the
@@ -100,7 +100,7 @@ void values_by_brgemm(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_he
   // compiler vectorizes (one 16-bit element at a time, into every other halfword, it was 40% of
   // attend_block's own time on an EAGLE tree's verify: 16 tokens, ~130 keys).
   static constexpr uint16_t zeros[kMaxHeadDim] = {};  // static: no 512-byte memset per call
-  at::BFloat16 bufs[2][kMaxHeadDim];                   // an e5m2 pool's two values, widened
+  at::BFloat16 bufs[2][kMaxHeadDim];                   // an fp8 pool's two values, widened
   const auto value = [&](int64_t t, at::BFloat16* buf) {  // value t's bf16 bits, or zeros past kv_len
     if (t >= kv_len) return zeros;
     return reinterpret_cast<const uint16_t*>(bf16_row(v_head + token_slots[t] * a.v_slot_stride, buf, d));

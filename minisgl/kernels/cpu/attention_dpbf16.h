@@ -1,7 +1,7 @@
-// Attention's two products on AVX512-BF16 (vdpbf16ps), for a bf16 model over a bf16 or an fp8 e5m2
-// KV pool: the matrix-engine counterparts of score_tile and value_tile (attention.h), which widen
-// every key and value to float32 and multiply with FMAs. An e5m2 row is widened to bf16 first
-// (bf16_row), exactly: every e5m2 value is a bf16 value.
+// Attention's two products on AVX512-BF16 (vdpbf16ps), for a bf16 model over a bf16 or an fp8 (e5m2,
+// e4m3) KV pool: the matrix-engine counterparts of score_tile and value_tile (attention.h), which
+// widen every key and value to float32 and multiply with FMAs. An fp8 row is widened to bf16 first
+// (bf16_row), exactly: every e5m2 and e4m3 value is a bf16 value.
 //
 // vdpbf16ps multiplies 16 pairs of bf16 values by 16 other pairs and adds both products of each
 // pair into a float32 lane: 32 multiply-adds per instruction, on operands read as they are stored,
@@ -28,7 +28,7 @@ namespace minisgl {
 
 // A block of kBlock keys as 32-bit words, for score_tile_dpbf16: kw[c2 * kBlock + t] holds values
 // 2 c2 and 2 c2 + 1 of key t, which is word c2 of the key's row as a bf16 pool stores it, so the
-// transposition moves words and converts nothing (an e5m2 row is widened first). Keys n..kBlock-1
+// transposition moves words and converts nothing (an fp8 row is widened first). Keys n..kBlock-1
 // are zeros (never read back).
 template <int kDim, int kBlock, typename kv_t>
 inline void transpose_key_words(const kv_t* const* keys, int64_t n, uint32_t* kw) {
@@ -94,7 +94,7 @@ MINISGL_AVX512_BF16 inline void add_value_pair(__m512 (&acc)[ROWS][4], const __m
 template <int ROWS, typename kv_t>
 MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, int64_t n, const kv_t* v_piece,
                                            int64_t v_stride, const int32_t* token_slots, float* out, int64_t d) {
-  at::BFloat16 t_buf[64], u_buf[64];  // an e5m2 pool's two value pieces, widened
+  at::BFloat16 t_buf[64], u_buf[64];  // an fp8 pool's two value pieces, widened
   __m512 acc[ROWS][4];
 #pragma GCC unroll 8
   for (int i = 0; i < ROWS; ++i) {
@@ -137,12 +137,13 @@ MINISGL_AVX512_BF16 void value_tile_dpbf16(const at::BFloat16* p, int64_t ld, in
   }
 }
 
-// KV head h's values of keys [0, n) from an e5m2 pool, widened to bf16 once into sc.values_bf16 and
+// KV head h's values of keys [0, n) from an fp8 pool, widened to bf16 once into sc.values_bf16 and
 // read through sc.iota as slots 0, 1, 2, ...: extend's many row tiles of a head then share one
 // widening, where each tile widening every value again made an e5m2 pool's extend attention 1.4x
 // slower than a bf16 pool's.
-inline void widen_values(const PagedAttentionArgs& a, Scratch& sc, const c10::Float8_e5m2* v_head,
-                         const int32_t* token_slots, int64_t n, int64_t d) {
+template <typename kv_t>
+void widen_values(const PagedAttentionArgs& a, Scratch& sc, const kv_t* v_head, const int32_t* token_slots, int64_t n,
+                  int64_t d) {
   Scratch::grow(sc.values_bf16, n * d);
   for (int64_t t = static_cast<int64_t>(sc.iota.size()); t < n; ++t) sc.iota.push_back(static_cast<int32_t>(t));
   for (int64_t t = 0; t < n; ++t) bf16_row(v_head + token_slots[t] * a.v_slot_stride, sc.values_bf16.data() + t * d, d);

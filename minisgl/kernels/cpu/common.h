@@ -73,7 +73,7 @@ inline void with_rows(int64_t rows, Fn&& fn) {
 }
 
 // Vec::size() consecutive values of a model-dtype row, or of a KV pool row, as float32 (bf16, fp16
-// and fp8 e5m2 all widen exactly).
+// and both fp8 formats all widen exactly).
 template <typename T>
 inline at::vec::Vectorized<float> load_float(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -87,6 +87,26 @@ inline at::vec::Vectorized<float> load_float(const T* p) {
 #elif defined(CPU_CAPABILITY_AVX2)
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
+#else
+    float buf[at::vec::Vectorized<float>::size()];
+    for (int64_t i = 0; i < at::vec::Vectorized<float>::size(); ++i) buf[i] = static_cast<float>(p[i]);
+    return at::vec::Vectorized<float>::loadu(buf);
+#endif
+  } else if constexpr (std::is_same_v<T, c10::Float8_e4m3fn>) {
+    // e4m3's seven low bits shifted 7 up are a float16 of the same value over 2^8 (exponent biases 7
+    // and 15; subnormals land on float16 subnormals alike), with the sign moved to bit 15. The two
+    // NaN codes read as +-480, but stores saturate at +-448 (as torch's cast does), so only a NaN
+    // stored as NaN reads otherwise.
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+#elif defined(CPU_CAPABILITY_AVX2)
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
 #else
     float buf[at::vec::Vectorized<float>::size()];
     for (int64_t i = 0; i < at::vec::Vectorized<float>::size(); ++i) buf[i] = static_cast<float>(p[i]);
@@ -118,9 +138,10 @@ inline const float* as_float(const T* src, float* buf, int64_t n) {
 
 template <typename T>
 inline void store_row(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, c10::Float8_e5m2>) {
-    // Only new K/V rows are stored in fp8 (a few per request and step): c10's scalar rounding, the one
-    // .to(torch.float8_e5m2) uses, so both backends' pools hold the same bytes.
+  if constexpr (std::is_same_v<T, c10::Float8_e5m2> || std::is_same_v<T, c10::Float8_e4m3fn>) {
+    // Only the new tokens' K/V are stored, a small share of what attention reads: c10's scalar
+    // rounding, the one torch's .to() uses (saturating e4m3 at +-448), so both backends' pools hold
+    // the same bytes.
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
   } else if constexpr (!std::is_same_v<T, float>) {
     using fVec = at::vec::Vectorized<float>;
