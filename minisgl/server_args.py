@@ -17,12 +17,12 @@ from typing import Optional
 
 import torch
 
-# SGLang's other spellings of minisgl's flags (add_cli_args at 64bca53).
 # --kv-cache-dtype's values (SGLang's names; "bf16" is normalized to "bfloat16"), and the KV pool's
 # element type for each but "auto", the model's own (ModelRunner.load_model).
 KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e4m3fn}
 KV_CACHE_DTYPE_CHOICES = ("auto", *KV_CACHE_DTYPES)
 
+# SGLang's other spellings of minisgl's flags (add_cli_args at 64bca53).
 CLI_ALIASES = {
     "model_path": ("--model",),
     "tp_size": ("--tensor-parallel-size",),

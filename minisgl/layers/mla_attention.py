@@ -86,9 +86,8 @@ class MLAAttention(nn.Module):
     ) -> torch.Tensor:  # [T, heads * v_head_dim]
         pool = forward_batch.token_to_kv_pool
         pool.set_mla_kv_buffer(self.layer_id, forward_batch.out_cache_loc, latent, k_pe)
-        if (
-            pool.dtype != latent.dtype
-        ):  # the new tokens as the pool holds them (--kv-cache-dtype), as later steps see them
+        if pool.dtype != latent.dtype:
+            # The new tokens as the pool holds them (--kv-cache-dtype), as later steps see them.
             latent, k_pe = latent.to(pool.dtype).to(latent.dtype), k_pe.to(pool.dtype).to(k_pe.dtype)
         mode = forward_batch.forward_mode
         plain_extend = mode.is_extend() and not (mode.is_target_verify() or mode.is_draft_extend())

@@ -167,7 +167,7 @@ class ModelRunner:
         self.dtype = self.model_config.dtype
         # SGLang's configure_kv_cache_dtype, minus fp4 (ServerArgs refuses it): "auto" keeps the model's
         # dtype; bfloat16 halves a float32 model's KV and what decode attention reads, fp8 halves a
-        # bfloat16 model's, unscaled (SGLang's k_scale/v_scale of 1.0, where a checkpoint has none).
+        # bfloat16 model's, stored unscaled (as SGLang stores it for a checkpoint without k_scale/v_scale).
         self.kv_cache_dtype = (
             self.dtype
             if self.server_args.kv_cache_dtype == "auto"
