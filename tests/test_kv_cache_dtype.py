@@ -108,3 +108,35 @@ def test_kv_cache_dtypes_minisgl_lacks_are_refused_by_name(name):
 def test_fp8_pool_is_refused_on_triton_by_name(name):
     with pytest.raises(ValueError, match=f"'{name}' needs attention_backend 'intel_amx' or 'torch_native'"):
         ServerArgs(model_path=tiny_model_dir("llama"), kv_cache_dtype=name, attention_backend="triton")
+
+
+@pytest.mark.parametrize(
+    "kv_cache_dtype,backend,shape",
+    [("fp8_e4m3", "intel_amx", "tree"), ("fp8_e5m2", "intel_amx", "chain"), ("fp8_e4m3", "torch_native", "tree")],
+)
+def test_eagle_over_an_fp8_pool_is_plain_decoding_over_it(kv_cache_dtype, backend, shape, tmp_path_factory):
+    """EAGLE's verify and draft_extend store and read the same rounded pool as plain decoding: its
+    greedy tokens are plain fp8 decoding's, and every rejected node's slot comes back."""
+    if backend == "intel_amx" and not is_available():
+        pytest.skip("no C++")
+    from tests.test_c12_eagle import CHAIN, GREEDY, PROMPTS, TREE, _eagle, _head, _ids, _plain, _with_oracle
+
+    pool = dict(kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+    expected = _plain("llama", **pool)
+    head = _head("llama", "EAGLE", tmp_path_factory)
+    engine = _eagle("llama", "EAGLE", head, {"tree": TREE, "chain": CHAIN}[shape], **pool, disable_radix_cache=True)
+    rounds = _with_oracle(engine, {tuple(p): e for p, e in zip(PROMPTS, expected)})
+    results = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert _ids(results) == expected and rounds["n"] > 0
+    assert sum(r["meta_info"]["spec_accept_token_num"] for r in results) > 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e5m2", "fp8_e4m3"])
+def test_tensor_parallel_over_an_fp8_pool_is_one_rank_over_it(kv_cache_dtype):
+    """Each TP rank keeps its heads' K/V in its own fp8 pool: greedy tokens equal one rank's."""
+    kwargs = dict(model_path=tiny_model_dir("llama"), max_total_tokens=512, attention_backend="torch_native")
+    greedy = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    one = Engine(**kwargs, kv_cache_dtype=kv_cache_dtype).generate(input_ids=PROMPTS, sampling_params=greedy)
+    with Engine(**kwargs, tp_size=2, kv_cache_dtype=kv_cache_dtype) as engine:
+        two = engine.generate(input_ids=PROMPTS, sampling_params=greedy)
+    assert [o["output_ids"] for o in two] == [o["output_ids"] for o in one]
