@@ -168,11 +168,7 @@ class ModelRunner:
         # SGLang's configure_kv_cache_dtype, minus fp4 (ServerArgs refuses it): "auto" keeps the model's
         # dtype; bfloat16 halves a float32 model's KV and what decode attention reads, fp8 halves a
         # bfloat16 model's, stored unscaled (as SGLang stores it for a checkpoint without k_scale/v_scale).
-        self.kv_cache_dtype = (
-            self.dtype
-            if self.server_args.kv_cache_dtype == "auto"
-            else KV_CACHE_DTYPES[self.server_args.kv_cache_dtype]
-        )
+        self.kv_cache_dtype = KV_CACHE_DTYPES.get(self.server_args.kv_cache_dtype, self.dtype)  # "auto": the model's
 
     def profile_max_num_token(self) -> int:
         """How many tokens of KV fit in the memory budget (SGLang's profile_max_num_token)."""

@@ -78,32 +78,23 @@ template <typename T>
 inline at::vec::Vectorized<float> load_float(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return at::vec::Vectorized<float>::loadu(p);
-  } else if constexpr (std::is_same_v<T, c10::Float8_e5m2>) {
-    // e5m2 is float16's top byte (same exponent, two of its ten mantissa bits): a byte shifted into
-    // the high half of a 16-bit lane is the float16 of the same value, which F16C widens.
-#if defined(CPU_CAPABILITY_AVX512)
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8));
-#elif defined(CPU_CAPABILITY_AVX2)
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
-#else
-    float buf[at::vec::Vectorized<float>::size()];
-    for (int64_t i = 0; i < at::vec::Vectorized<float>::size(); ++i) buf[i] = static_cast<float>(p[i]);
-    return at::vec::Vectorized<float>::loadu(buf);
-#endif
-  } else if constexpr (std::is_same_v<T, c10::Float8_e4m3fn>) {
-    // e4m3's seven low bits shifted 7 up are a float16 of the same value over 2^8 (exponent biases 7
-    // and 15; subnormals land on float16 subnormals alike), with the sign moved to bit 15. The two
-    // NaN codes read as +-480, but stores saturate at +-448 (as torch's cast does), so only a NaN
-    // stored as NaN reads otherwise.
+  } else if constexpr (std::is_same_v<T, c10::Float8_e5m2> || std::is_same_v<T, c10::Float8_e4m3fn>) {
+    // Both fp8 formats widen through float16 lanes, which F16C converts. e5m2 is float16's top byte
+    // (same exponent, two of its ten mantissa bits): the byte shifted up 8 is the float16 of the same
+    // value. e4m3's seven low bits shifted up 7 are a float16 of the value over 2^8 (exponent biases 7
+    // and 15; subnormals land on float16 subnormals alike), its sign moved to bit 15. e4m3's two NaN
+    // codes read as +-480, but stores saturate at +-448 (as torch's cast does), so only a NaN stored
+    // as NaN reads otherwise.
+    constexpr bool e5m2 = std::is_same_v<T, c10::Float8_e5m2>;
 #if defined(CPU_CAPABILITY_AVX512)
     const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if constexpr (e5m2) return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
     const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
                                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
     return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
 #elif defined(CPU_CAPABILITY_AVX2)
     const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    if constexpr (e5m2) return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
     const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
                                    _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
     return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
