@@ -6,9 +6,12 @@ grammars, logprobs and aborts, and the KV pool whole afterwards; and which loop 
 gets by default.
 """
 
+import json
+
 import pytest
 import torch
 
+from minisgl import tracing
 from minisgl.entrypoints.engine import Engine
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.managers.overlap_utils import FutureMap, StreamExecutor
@@ -102,11 +105,60 @@ def test_overlap_with_a_grammar(tiny_llama):
     assert [o["output_ids"] for o in runs[1]] == [o["output_ids"] for o in runs[0]]
 
 
-def test_aborts_in_flight_free_everything(tiny_llama):
+SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+LATE = [  # each one's sampling reads its previous token on the host
+    {"temperature": 0, "max_new_tokens": 10, "regex": "[a-z]+ [0-9]{2}"},
+    {"temperature": 0.9, "seed": 5, "max_new_tokens": 12, "json_schema": SCHEMA},
+    {"temperature": 0, "max_new_tokens": 10, "presence_penalty": 0.8, "repetition_penalty": 1.3, "ignore_eos": True},
+    {"temperature": 0.7, "seed": 3, "max_new_tokens": 10, "min_new_tokens": 8},
+    {"temperature": 0.8, "seed": 9, "max_new_tokens": 9, "frequency_penalty": 1.0, "ignore_eos": True},
+]
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [dict(max_total_tokens=2048), dict(max_total_tokens=2048, disable_radix_cache=True, chunked_prefill_size=16)],
+    ids=["radix", "chunked-no-radix"],
+)
+def test_delayed_sampling_overlaps_grammars_and_penalties(tiny_llama, engine_kwargs):
+    """Grammars, penalties and min_new_tokens read each request's previous token. Their batches are
+    launched before the previous result is processed and sampled after it (delay_sample), and
+    give the normal loop's tokens and logprobs."""
+    prompts = PROMPTS[:5]
+    engine = Engine(model_path=tiny_llama, **engine_kwargs)
+    want = engine.generate(input_ids=prompts, sampling_params=LATE, return_logprob=True, top_logprobs_num=2)
+    overlap = Engine(model_path=tiny_llama, disable_overlap_schedule=False, **engine_kwargs)
+    with tracing.record() as events:
+        got = overlap.generate(input_ids=prompts, sampling_params=LATE, return_logprob=True, top_logprobs_num=2)
+    _assert_same(got, want)
+    _assert_pool_whole(overlap)
+    names = ("Scheduler.launch_batch", "Scheduler.launch_batch_sample", "Scheduler.process_batch_result")
+    order = [(e["event"].removeprefix("Scheduler."), e["forward_mode"]) for e in events if e["event"] in names]
+    names = [name for name, _ in order]
+    decodes = [i for i, step in enumerate(order) if step == ("launch_batch", "DECODE")]
+    assert len(decodes) >= 9 and names.count("launch_batch_sample") == names.count("launch_batch")
+    # Every decode is launched before the previous result is processed (no sync) and sampled
+    # right after that result. (A prefill right after a prefill waits, as without grammars.)
+    for i in decodes:
+        assert names[i + 1 : i + 3] == ["process_batch_result", "launch_batch_sample"]
+
+
+def test_delayed_sampling_under_tp2(tiny_llama):
+    """Each rank delays the same batches: TP 2 in the overlap loop gives TP 1's tokens."""
+    kw = dict(model_path=tiny_llama, max_total_tokens=2048, device="cpu", attention_backend="torch_native")
+    want = Engine(**kw).generate(input_ids=PROMPTS[:5], sampling_params=LATE)
+    with Engine(tp_size=2, disable_overlap_schedule=False, **kw) as engine:
+        assert engine.get_server_info()["disable_overlap_schedule"] is False
+        got = engine.generate(input_ids=PROMPTS[:5], sampling_params=LATE)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.5], ids=["sampled-at-once", "sampled-late"])
+def test_aborts_in_flight_free_everything(tiny_llama, penalty):
     engine = Engine(model_path=tiny_llama, max_total_tokens=2048, disable_overlap_schedule=False)
     sched = engine.scheduler
     assert sched.enable_overlap
-    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True, frequency_penalty=penalty)
     for i, prompt in enumerate(PROMPTS):
         sched.handle_generate_request(TokenizedGenerateReqInput(f"r{i}", None, prompt, params))
     finished = {}
@@ -150,6 +202,26 @@ def test_overlap_golden_trace_matches():
         ("Scheduler.launch_batch", "DECODE"),
         ("Scheduler.process_batch_result", "EXTEND"),
     ]
+
+
+def test_delayed_sample_golden_trace_matches():
+    """A grammar's batch: N+1 launched, N processed, then N+1 sampled (traces/overlap_delayed_sample.jsonl)."""
+    fresh, golden = fresh_and_golden("overlap_delayed_sample")
+    assert fresh == golden, (
+        "delayed-sample trace changed: review, then python -m minisgl.tools.refresh_traces overlap_delayed_sample"
+    )
+    order = [(e["event"], e.get("forward_mode")) for e in fresh if e["event"].startswith("Scheduler.")]
+    assert order[2:5] == [
+        ("Scheduler.launch_batch", "DECODE"),
+        ("Scheduler.process_batch_result", "EXTEND"),
+        ("Scheduler.launch_batch_sample", "DECODE"),
+    ]
+    # Each mask is filled inside the sampling, on the forward thread, after the forward.
+    events = [e["event"] for e in fresh if not e["event"].startswith("Scheduler.")]
+    assert events.count("SamplingBatchInfo.update_regex_vocab_mask") == 3
+    for i, event in enumerate(events):
+        if event == "SamplingBatchInfo.update_regex_vocab_mask":
+            assert events[i - 1] == "ModelRunner.sample" and events[i - 3] == "ModelRunner.forward"
 
 
 def test_the_default_loop_is_per_device(tiny_llama):

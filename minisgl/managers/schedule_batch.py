@@ -205,7 +205,7 @@ class ModelWorkerBatch:
     req_pool_indices: list[int]
     seq_lens: list[int]
     out_cache_loc: torch.Tensor
-    sampling_info: SamplingBatchInfo
+    sampling_info: Optional[SamplingBatchInfo]  # None while delay_sample waits for it
     return_logprob: bool
     top_logprobs_nums: list[int]
     token_ids_logprobs: list[Optional[list[int]]]
@@ -214,6 +214,9 @@ class ModelWorkerBatch:
     extend_prefix_lens: Optional[list[int]] = None
     extend_logprob_start_lens: Optional[list[int]] = None
     spec_info: Optional[Any] = None  # what an EAGLE round hands the forward (speculative/eagle_info.py)
+    # The overlap loop's delayed sampling: the forward runs now, and the sampling info is built and
+    # the tokens sampled once the previous batch's result has been processed (delay_sample_func).
+    delay_sample: bool = False
 
 
 class ScheduleBatch:
@@ -371,7 +374,10 @@ class ScheduleBatch:
 
     # ---- hand-off to the worker ----------------------------------------------------------
 
-    def get_model_worker_batch(self) -> ModelWorkerBatch:
+    def build_sampling_info(self) -> SamplingBatchInfo:
+        return SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device)
+
+    def get_model_worker_batch(self, delay_sample: bool = False) -> ModelWorkerBatch:
         reqs = self.reqs
         return_logprob = any(r.return_logprob for r in reqs)
         capture = CaptureHiddenMode.NULL
@@ -383,11 +389,12 @@ class ScheduleBatch:
             req_pool_indices=[r.req_pool_idx for r in reqs],
             seq_lens=self.seq_lens,
             out_cache_loc=self.out_cache_loc,
-            sampling_info=SamplingBatchInfo.from_reqs(reqs, self.vocab_size, self.device),
+            sampling_info=None if delay_sample else self.build_sampling_info(),
             return_logprob=return_logprob,
             top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
             token_ids_logprobs=[r.token_ids_logprob if r.return_logprob else None for r in reqs],
             capture_hidden_mode=capture,
+            delay_sample=delay_sample,
         )
         if self.forward_mode.is_extend():
             batch.extend_seq_lens = self.extend_lens

@@ -9,17 +9,20 @@ On a CPU every op blocks its caller, so there the forward runs on one worker thr
 (as SGLang's older tp_worker_overlap_thread.py did); PyTorch releases the GIL inside
 each op, so the two threads really overlap.
 
-Three consequences, handled as SGLang handles them:
+What follows from it, handled as SGLang handles it except where said:
 - A request that finishes in N has already been put in N+1 (unless N's token is its
   last by length, which is known in advance): that forward decodes it
   once more for nothing, and its result is skipped. Its KV slots and req_to_token row
   stay reserved until N+1's forward is done (N+1 reads them), then they are released
   without the one extra slot.
-- What cannot be computed from a future token is computed after a sync: before
-  building a batch whose sampling reads the previous token on the host (grammar
-  masks, penalties, min_new_tokens, custom logit processors) or whose routed experts
-  are returned, the result in flight is processed first; SGLang delays those batches'
-  sampling instead. Retraction, too, happens only with nothing in flight.
+- A batch whose sampling reads the previous token on the host (grammar masks,
+  penalties, min_new_tokens) is launched without its sampling
+  (ModelWorkerBatch.delay_sample): its forward runs while N's result is processed,
+  then its sampling info is built and its sampling queued behind the forward
+  (SGLang's delay_sample_func and launch_batch_sample_if_needed). SGLang delays only
+  grammars; its penalties count up to the token before last, where minisgl's are exact.
+- Before a batch whose routed experts are returned, and before a retraction, the
+  result in flight is processed first (a sync).
 - Two prefills in a row are not overlapped (the second would miss the first's prompt in
   the radix cache); SGLang does the same behind SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP.
 - Speculative decoding runs with the normal loop (SGLang's v1 speculative path does too).
@@ -39,6 +42,7 @@ from minisgl import tracing
 from minisgl.managers.overlap_utils import FutureIndices, FutureMap, StreamExecutor
 from minisgl.managers.schedule_batch import Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
+from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +99,34 @@ class SchedulerOverlapMixin:
         # The batch just launched runs while the one before it is accounted for.
         if len(self.result_queue) > (1 if batch is not None else 0):
             self._pop_and_process()
+        self.launch_batch_sample_if_needed()
         self.drain_finished_in_flight()
         outputs, self.outputs = self.outputs, []
         return outputs
+
+    def launch_batch_sample_if_needed(self) -> None:
+        """Sample the batch just launched if its sampling was delayed (SGLang's method of this name).
+
+        Every result before it has been processed by now, so the requests' grammars have accepted
+        their previous tokens and their output ids hold them: the sampling info built here is the
+        one the normal loop would build. The sampling is queued behind the forward (the one
+        forward thread or stream), and it takes the forward's place in result_queue."""
+        if not self.result_queue or not self.result_queue[-1][0].delay_sample:
+            return
+        launched, forward = self.result_queue[-1]
+        assert len(self.result_queue) == 1, "a delayed sample must wait for every earlier result"
+        launched.delay_sample = False  # launched now
+        tracing.point(
+            "Scheduler.launch_batch_sample", forward_mode=launched.forward_mode.name, batch_size=len(launched.reqs)
+        )
+        sample = self.forward_executor.submit(
+            self._sample_with_future,
+            forward,
+            launched.build_sampling_info(),
+            launched.future_indices,
+            tracing.is_enabled(),
+        )
+        self.result_queue[-1] = (launched, sample)
 
     def process_results_in_flight(self) -> None:
         """Wait for every launched forward and process its result (a sync point)."""
@@ -116,23 +145,28 @@ class SchedulerOverlapMixin:
         launched = self.result_queue[-1][0]
         if launched.forward_mode.is_extend() and (self.waiting_queue or any(r.is_chunked for r in launched.reqs)):
             return True
+        # A finished request's routed experts are read with no forward in flight.
         reqs = self.running_batch.reqs
         if self.last_batch is not None and self.last_batch.forward_mode.is_extend():
             reqs = reqs + self.last_batch.reqs
-        return any(_sampling_reads_last_token(r) for r in reqs)
+        return any(r.return_routed_experts for r in reqs)
 
     def _launch_batch(self, batch: ScheduleBatch) -> None:
         if batch.forward_mode.is_decode():
             kv_before = [s - batch.num_decode_tokens for s in batch.seq_lens]
         else:
             kv_before = list(batch.prefix_lens)
-        model_worker_batch = batch.get_model_worker_batch()  # sampling info is built here, on this thread
+        delay_sample = any(_sampling_reads_last_token(r) for r in batch.reqs)
+        # The sampling info is built here, on this thread (a delayed sample's, later).
+        model_worker_batch = batch.get_model_worker_batch(delay_sample=delay_sample)
         future_indices = self.future_map.alloc_future_indices(batch.batch_size())
         placeholders = future_indices.placeholders()
         launched = copy.copy(batch)  # the running batch changes while this one is in flight
         launched.reqs = list(batch.reqs)
         launched.kv_lens_before = dict(zip((r.rid for r in batch.reqs), kv_before))
         launched.placeholders = placeholders
+        launched.future_indices = future_indices
+        launched.delay_sample = delay_sample
         for req, placeholder in zip(batch.reqs, placeholders):
             if not req.is_chunked:  # a chunk samples no token
                 self.future_token_ids[req.rid] = placeholder
@@ -155,8 +189,27 @@ class SchedulerOverlapMixin:
             self.future_map.resolve_future(input_ids)
             model_worker_batch.input_ids = input_ids
             result = self.tp_worker.forward_batch_generation(model_worker_batch)
-            self.future_map.store_to_map(future_indices, result.next_token_ids)
+            if result.delay_sample_func is None:
+                self.future_map.store_to_map(future_indices, result.next_token_ids)
         return result, events
+
+    def _sample_with_future(
+        self,
+        forward: concurrent.futures.Future,
+        sampling_info: SamplingBatchInfo,
+        future_indices: FutureIndices,
+        trace: bool,
+    ) -> tuple[GenerationBatchResult, list[dict]]:
+        """After _forward_with_future, on the same thread or stream: sample a delayed batch and
+        publish its tokens. The forward has returned by now (it was queued first), so the base
+        class's result() does not wait; a GPU's kernels may still run, and this one's follow
+        them on the stream, where _DeviceFuture.result() would have made the scheduler wait."""
+        result, events = concurrent.futures.Future.result(forward)
+        with tracing.record() if trace else contextlib.nullcontext([]) as sample_events:
+            result.next_token_ids = result.delay_sample_func(sampling_info)
+            result.delay_sample_func = None
+            self.future_map.store_to_map(future_indices, result.next_token_ids)
+        return result, events + sample_events
 
     def _pop_and_process(self) -> None:
         batch, future = self.result_queue.popleft()
@@ -211,11 +264,11 @@ class SchedulerOverlapMixin:
 
 
 def _sampling_reads_last_token(req: Req) -> bool:
+    """Whether the request's sampling info depends on its previous token (then it is delayed). A
+    custom logit processor does not: minisgl hands it no ``__req__``, unlike SGLang."""
     params = req.sampling_params
     return (
         req.grammar is not None
-        or req.custom_logit_processor is not None
-        or req.return_routed_experts
         or bool(params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0)
         or len(req.output_ids) < params.min_new_tokens
     )

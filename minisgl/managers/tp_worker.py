@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -32,6 +32,7 @@ from minisgl.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from minisgl.managers.schedule_batch import ModelWorkerBatch
+    from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 @dataclasses.dataclass
@@ -43,6 +44,9 @@ class GenerationBatchResult:
     accept_length_per_req_cpu: Optional[list[int]] = None
     # A pipeline stage before the last: what it hands the next stage (SGLang's field name).
     pp_hidden_states_proxy_tensors: Optional[PPProxyTensors] = None
+    # A batch whose sampling was delayed (ModelWorkerBatch.delay_sample): the overlap loop calls
+    # this with the batch's sampling info once it can be built, and gets the next token ids.
+    delay_sample_func: Optional[Callable[["SamplingBatchInfo"], torch.Tensor]] = None
 
 
 @dataclasses.dataclass
@@ -161,7 +165,8 @@ class TpModelWorker:
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> GenerationBatchResult:
         """ForwardBatch.init_new -> forward -> (verify: stop) -> sample (claim C8). A pipeline stage
-        before the last stops after its layers and returns their tensors (SGLang's tp_worker.py:511)."""
+        before the last stops after its layers and returns their tensors (SGLang's tp_worker.py:511);
+        a batch with delay_sample returns before sampling, with the sampling as delay_sample_func."""
         forward_batch = ForwardBatch.init_new(model_worker_batch, self._model_runner)
         out = self._model_runner.forward(forward_batch, pp_proxy_tensors=pp_proxy_tensors)
         if self.pp_rank < self.pp_size - 1:
@@ -169,5 +174,12 @@ class TpModelWorker:
         if is_verify:
             # Speculative verification samples against the draft tokens itself.
             return GenerationBatchResult(out.logits_output, None)
+        if model_worker_batch.delay_sample:
+            # SGLang's delay_sample_func: the forward is done, the sampling waits for the caller.
+            def delay_sample_func(sampling_info: "SamplingBatchInfo") -> torch.Tensor:
+                forward_batch.sampling_info = sampling_info
+                return self._model_runner.sample(out.logits_output, forward_batch)
+
+            return GenerationBatchResult(out.logits_output, None, delay_sample_func=delay_sample_func)
         next_token_ids = self._model_runner.sample(out.logits_output, forward_batch)
         return GenerationBatchResult(out.logits_output, next_token_ids)

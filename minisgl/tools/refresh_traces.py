@@ -318,6 +318,20 @@ def overlap_schedule(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep) and e["phase"] != "end"]
 
 
+def overlap_delayed_sample(workdir: str) -> list[dict]:
+    """event_loop_overlap with a grammar: the batch is launched before the previous result is
+    processed, and sampled after it (launch_batch_sample), when its matcher has accepted the
+    previous token. One request of 3 tokens under a regex."""
+    engine = _engine(_tiny("llama", workdir), disable_overlap_schedule=False)
+    with tracing.record() as events:
+        engine.generate(
+            input_ids=PROMPTS[:1], sampling_params={"temperature": 0, "max_new_tokens": 3, "regex": "[a-z]+"}
+        )
+    keep = ("Scheduler.launch_batch", "Scheduler.process_batch_result", "ModelRunner.forward", "ModelRunner.sample")
+    keep += ("SamplingBatchInfo.update_regex_vocab_mask",)
+    return [e for e in events if e["event"].startswith(keep) and e["phase"] != "end"]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
@@ -330,6 +344,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "eagle_decoding": eagle_decoding,
     "mla_personality": mla_personality,
     "overlap_schedule": overlap_schedule,
+    "overlap_delayed_sample": overlap_delayed_sample,
 }
 
 
