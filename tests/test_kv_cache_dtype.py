@@ -140,3 +140,40 @@ def test_tensor_parallel_over_an_fp8_pool_is_one_rank_over_it(kv_cache_dtype):
     with Engine(**kwargs, tp_size=2, kv_cache_dtype=kv_cache_dtype) as engine:
         two = engine.generate(input_ids=PROMPTS, sampling_params=greedy)
     assert [o["output_ids"] for o in two] == [o["output_ids"] for o in one]
+
+
+@pytest.mark.parametrize(
+    "kv_cache_dtype,backend",
+    [
+        ("fp8_e4m3", "torch_native"),
+        pytest.param("fp8_e5m2", "intel_amx", marks=pytest.mark.skipif(not is_available(), reason="no C++")),
+    ],
+)
+def test_standalone_speculation_over_an_fp8_pool_is_plain_decoding_over_it(kv_cache_dtype, backend, tmp_path):
+    """The draft model's pool is fp8 too: its tokens only cost speed, and the target's verify reads the
+    same rounded K/V as plain decoding, so greedy tokens are plain fp8 decoding's and every slot comes back."""
+    from minisgl.tools.make_draft_model import make_truncated_model
+
+    target = tiny_model_dir("llama")
+    kwargs = dict(model_path=target, max_total_tokens=512, kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+    expected = Engine(**kwargs).generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    draft = str(make_truncated_model(target, tmp_path / "draft", 1))
+    spec = Engine(
+        **kwargs, speculative_algorithm="STANDALONE", speculative_draft_model_path=draft, speculative_num_steps=3
+    )
+    results = spec.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert [r["output_ids"] for r in results] == [e["output_ids"] for e in expected]
+    assert sum(r["meta_info"]["spec_verify_ct"] for r in results) > 0
+    sched = spec.scheduler
+    assert spec.flush_cache()
+    assert sched.token_to_kv_pool_allocator.available_size() == sched.worker_info.max_total_num_tokens
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e5m2", "fp8_e4m3"])
+def test_pipeline_parallel_over_an_fp8_pool_is_one_process_over_it(kv_cache_dtype):
+    """Each pipeline stage keeps its layers' K/V in its own fp8 pool: greedy tokens equal one process's."""
+    kwargs = dict(model_path=tiny_model_dir("llama"), max_total_tokens=512, attention_backend="torch_native")
+    one = Engine(**kwargs, kv_cache_dtype=kv_cache_dtype).generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    with Engine(**kwargs, pp_size=2, kv_cache_dtype=kv_cache_dtype) as engine:
+        two = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in two] == [o["output_ids"] for o in one]
