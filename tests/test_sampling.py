@@ -50,6 +50,18 @@ def test_seed_is_reproducible_and_batch_invariant(engine):
     assert other != alone
 
 
+def test_seed_does_not_depend_on_how_the_prompt_was_chunked():
+    """A chunk's row draws nothing from its request's generator: a 40-token prompt prefilled in
+    one piece, in chunks of 16, or in chunks of 8 samples the same tokens under one seed."""
+    prompt = [(13 * i) % 400 + 3 for i in range(40)]
+    params = dict(temperature=1.0, max_new_tokens=10, ignore_eos=True, seed=1234)
+    runs = []
+    for chunk in (64, 16, 8):
+        engine = Engine(model_path=tiny_model_dir("llama"), max_total_tokens=4096, chunked_prefill_size=chunk)
+        runs.append(_gen(engine, [prompt], **params)[0]["output_ids"])
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
 def test_truncation_to_one_token_is_greedy(engine):
     greedy = _gen(engine, temperature=0, max_new_tokens=8, ignore_eos=True)["output_ids"]
     for params in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):

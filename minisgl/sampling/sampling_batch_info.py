@@ -69,7 +69,9 @@ class SamplingBatchInfo:
             need_top_p_sampling=any(p.top_p != 1.0 for p in params),
             need_top_k_sampling=any(p.top_k < vocab_size for p in params),
             need_min_p_sampling=any(p.min_p > 0 for p in params),
-            generators=[None if p.is_greedy else r.generator for p, r in zip(params, reqs)],
+            # A chunk's row samples no token (it is dropped): it draws nothing from its request's
+            # generator, so a seeded request's tokens do not depend on how its prompt was chunked.
+            generators=[None if p.is_greedy or r.is_chunked else r.generator for p, r in zip(params, reqs)],
             vocab_size=vocab_size,
             device=device,
         )
