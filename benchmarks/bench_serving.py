@@ -3,6 +3,7 @@ transformers on the same workload, in one run.
 
     python benchmarks/bench_serving.py                          # 64 requests, 16 clients, all sent at once
     python benchmarks/bench_serving.py --request-rate 2         # Poisson arrivals, 2 requests/s
+    python benchmarks/bench_serving.py --request-rate 4 --enable-mixed-chunk   # the server mixes prefill and decode
     python benchmarks/bench_serving.py --num-requests 16 --concurrency 8 --hf-requests 2   # quicker
     python benchmarks/bench_serving.py --threads 1              # one CPU thread per engine (busy machines)
     python benchmarks/bench_serving.py --concurrency 64 --hf-requests 0 --hf-batch-sizes ""   # server vs offline
@@ -155,6 +156,7 @@ async def run_clients(url: str, workload, concurrency: int, request_rate: float,
 def bench_server(path: str, workload, args) -> tuple[dict, float]:
     log = tempfile.NamedTemporaryFile("w", prefix="minisgl-bench-serving-", suffix=".log", delete=False)
     flags = ["--host", "127.0.0.1", "--dtype", args.dtype, "--max-total-tokens", str(args.max_total_tokens)]
+    flags += ["--enable-mixed-chunk"] if args.enable_mixed_chunk else []
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     ok = False
     try:
@@ -254,6 +256,9 @@ def main() -> None:
     parser.add_argument("--hf-requests", type=int, default=8, help="requests for HF one at a time (0: skip)")
     parser.add_argument("--hf-batch-sizes", default="16,64", help="padded batch sizes to try for HF (empty: skip)")
     parser.add_argument("--max-total-tokens", type=int, default=40000)
+    parser.add_argument(
+        "--enable-mixed-chunk", action="store_true", help="the server's flag: decode steps ride in prefill forwards"
+    )
     parser.add_argument(
         "--threads", type=int, default=None,
         help="CPU threads for both engines: the server's OMP_NUM_THREADS and HF's torch.set_num_threads "

@@ -66,6 +66,7 @@ class ServerArgs:
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
     chunked_prefill_size: Optional[int] = None
+    enable_mixed_chunk: bool = False  # the running requests decode inside each prefill chunk's forward
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
 
@@ -343,6 +344,13 @@ class ServerArgs:
             raise ValueError("tp_size must be >= 1")
         if self.pp_size < 1:
             raise ValueError("pp_size must be >= 1")
+        if self.enable_mixed_chunk and (
+            self.chunked_prefill_size is None or self.pp_size > 1 or self.speculative_algorithm
+        ):
+            raise ValueError(
+                "enable_mixed_chunk needs chunked prefill (chunked_prefill_size), and minisgl does not mix with "
+                "pp_size > 1 or speculative_algorithm"
+            )
         if self.pp_size > 1 and self.enable_torch_compile:
             raise ValueError(
                 "enable_torch_compile is not supported with pp_size > 1: a stage's graph would return logits"

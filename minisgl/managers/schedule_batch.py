@@ -214,9 +214,7 @@ class ModelWorkerBatch:
     extend_prefix_lens: Optional[list[int]] = None
     extend_logprob_start_lens: Optional[list[int]] = None
     spec_info: Optional[Any] = None  # what an EAGLE round hands the forward (speculative/eagle_info.py)
-    # The overlap loop's delayed sampling: the forward runs now, and the sampling info is built and
-    # the tokens sampled once the previous batch's result has been processed (delay_sample_func).
-    delay_sample: bool = False
+    delay_sample: bool = False  # overlap loop: sampling info built, tokens sampled after the previous result
 
 
 class ScheduleBatch:
@@ -243,6 +241,7 @@ class ScheduleBatch:
         self.input_ids: list[int] = []
         self.out_cache_loc: Optional[torch.Tensor] = None
         self.out_cache_loc_written = False  # every slot of out_cache_loc is in some req_to_token row
+        self.decoding_reqs: list[Req] = []  # a MIXED batch's decode rows (mix_with_running)
 
     @classmethod
     def init_new(
@@ -305,6 +304,18 @@ class ScheduleBatch:
         self.input_ids = [t for r in self.reqs for t in r.fill_ids[r.prefix_len :]]
         self.prefix_lens, self.seq_lens = prefix_lens, seq_lens
         self.extend_lens = [s - p for p, s in zip(prefix_lens, seq_lens)]
+
+    def mix_with_running(self, running: "ScheduleBatch") -> None:
+        """SGLang's mix_with_running (--enable-mixed-chunk): the running requests' decode step joins this
+        prefill's forward, each as an extend of one token on its KV. ``running`` is prepared for decode."""
+        self.forward_mode = ForwardMode.MIXED
+        self.decoding_reqs = list(running.reqs)
+        self.reqs = self.reqs + running.reqs
+        self.input_ids = self.input_ids + running.input_ids
+        self.out_cache_loc = torch.cat([self.out_cache_loc, running.out_cache_loc])
+        self.prefix_lens = self.prefix_lens + [s - 1 for s in running.seq_lens]
+        self.seq_lens = self.seq_lens + running.seq_lens
+        self.extend_lens = self.extend_lens + [1] * len(running.reqs)
 
     def new_tokens_required_next_decode(self) -> int:
         page = self.token_to_kv_pool_allocator.page_size
@@ -400,8 +411,9 @@ class ScheduleBatch:
             batch.extend_seq_lens = self.extend_lens
             batch.extend_prefix_lens = self.prefix_lens
             # Prompt logprobs are computed once: not for requests that did not ask, and not
-            # again when a retracted request re-prefills its prompt.
+            # again when a retracted request re-prefills its prompt (a start at seq_len: none).
             batch.extend_logprob_start_lens = [
-                r.logprob_start_len if r.return_logprob and r.total_retractions == 0 else len(r.fill_ids) for r in reqs
+                r.logprob_start_len if r.return_logprob and r.total_retractions == 0 else s
+                for r, s in zip(reqs, self.seq_lens)
             ]
         return batch

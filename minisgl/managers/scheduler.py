@@ -178,6 +178,9 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         if not self.waiting_queue:
             return None
         self.policy.calc_priority(self.waiting_queue)
+        # A mixed batch's decode rows count against its token budgets (SGLang's mixed_with_decode_tokens).
+        mixed = len(self.running_batch.reqs) if self.server_args.enable_mixed_chunk else 0
+        chunk = self.server_args.chunked_prefill_size
         adder = PrefillAdder(
             self.tree_cache,
             self.token_to_kv_pool_allocator,
@@ -185,8 +188,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
             self.new_token_ratio,
             self.req_to_token_pool.available_size(),
             self.worker_info.max_running_requests,
-            self.server_args.chunked_prefill_size,
-            self.worker_info.max_prefill_tokens,
+            None if chunk is None else chunk - mixed,
+            self.worker_info.max_prefill_tokens - mixed,
         )
         for req in self.waiting_queue:
             if adder.add_one_req(req) == AddReqResult.STOP:
@@ -202,7 +205,20 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         batch = self.cur_batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
+        if self._can_mix(batch):
+            self.running_batch.prepare_for_decode(self.future_token_ids)
+            batch.mix_with_running(self.running_batch)
+            self.running_batch.reqs = []  # they come back with the mixed batch, as a prefill's do
         return batch
+
+    def _can_mix(self, batch: ScheduleBatch) -> bool:
+        """--enable-mixed-chunk: fold the running requests' decode step into this prefill, unless
+        their KV does not fit (the next decode step retracts), or some request wants logprobs (as
+        SGLang, which has not made them work in a mixed batch) or hidden states (minisgl's own rule)."""
+        running = self.running_batch
+        if not self.server_args.enable_mixed_chunk or running.is_empty() or not running.check_decode_mem():
+            return False
+        return not any(r.return_logprob or r.return_hidden_states for r in batch.reqs + running.reqs)
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():

@@ -35,10 +35,12 @@ class SchedulerOutputProcessorMixin:
         out = result.logits_output
         hidden_offset = 0
         still_running = []
+        decoding = set(map(id, batch.decoding_reqs))  # a mixed batch's decode rows: no prompt here
         for i, req in enumerate(batch.reqs):
             if req.finished():
                 continue  # overlap: it finished (or was aborted) after this batch was launched
-            if batch.forward_mode.is_extend():
+            prefilled = batch.forward_mode.is_extend() and id(req) not in decoding
+            if prefilled:
                 self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i], batch.seq_lens[i])
                 hidden_offset += batch.extend_lens[i]
                 if req.is_chunked:
@@ -59,7 +61,7 @@ class SchedulerOutputProcessorMixin:
             if req.finished():
                 self._finish(req, new_ids)
                 continue
-            if batch.forward_mode.is_extend():
+            if prefilled:
                 self.tree_cache.cache_unfinished_req(req)
             self._emit(req, new_ids)
             still_running.append(req)

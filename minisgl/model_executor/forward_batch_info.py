@@ -29,13 +29,14 @@ if TYPE_CHECKING:
 class ForwardMode(IntEnum):
     EXTEND = auto()  # prefill, possibly on top of a cached prefix
     DECODE = auto()  # one new token per request
+    MIXED = auto()  # a prefill with the running requests' decode step folded in (--enable-mixed-chunk)
     IDLE = auto()  # nothing to run (kept for SGLang parity; a TP rank with no work)
     # Speculative decoding (minisgl/speculative/). Both run as extends: new tokens on a prefix.
     TARGET_VERIFY = auto()  # the target scores [last token, drafts...]; logits at every position
     DRAFT_EXTEND = auto()  # the draft writes KV for tokens the target already has (prefill, accepted drafts)
 
     def is_extend(self) -> bool:
-        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
 
     def is_decode(self) -> bool:
         return self == ForwardMode.DECODE

@@ -1,0 +1,100 @@
+"""--enable-mixed-chunk (SGLang's mixed-style chunked prefill): while a prompt is prefilled in
+chunks, the running requests' decode step rides in the same forward (ForwardMode.MIXED), each as an
+extend of one token on its own KV (ScheduleBatch.mix_with_running).
+
+The tokens must be those of the unmixed engine (greedy and seeded, with the radix cache, pages of
+4, grammars, retraction, the overlap loop, TP 2) with the KV pool whole afterwards; a request that
+wants logprobs or hidden states is never mixed; what cannot mix is refused by name.
+"""
+
+import pytest
+
+from minisgl import tracing
+from minisgl.entrypoints.engine import Engine
+from minisgl.server_args import ServerArgs
+from tests._models import tiny_model_dir
+
+# Prompts of 20 to 65 tokens in chunks of 16: later prompts are still prefilling while earlier ones decode.
+PROMPTS = [[(7 * i + 3 * j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(6)]
+PARAMS = [
+    {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
+    {"temperature": 0.8, "seed": 4, "max_new_tokens": 10, "ignore_eos": True},
+    {"temperature": 0, "max_new_tokens": 9, "regex": "[a-z]+ [0-9]+"},
+    {"temperature": 1.0, "top_k": 20, "seed": 11, "max_new_tokens": 14, "ignore_eos": True},
+    {"temperature": 0, "max_new_tokens": 8, "frequency_penalty": 0.5, "ignore_eos": True},
+    {"temperature": 0, "max_new_tokens": 6},  # may stop at EOS
+]
+KW = dict(max_total_tokens=2048, chunked_prefill_size=16)
+
+
+def _run(mixed: bool, prompts=PROMPTS, params=PARAMS, **kwargs) -> tuple[list[dict], list[str], Engine]:
+    engine = Engine(model_path=tiny_model_dir("llama"), enable_mixed_chunk=mixed, **{**KW, **kwargs})
+    with tracing.record() as events:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+    modes = [e["forward_mode"] for e in events if e["event"] == "Scheduler.get_next_batch_to_run"]
+    return outs, modes, engine
+
+
+def _assert_pool_whole(engine: Engine) -> None:
+    sched = engine.scheduler
+    assert sched.is_idle() and engine.flush_cache()
+    assert sched.token_to_kv_pool_allocator.available_size() == sched.worker_info.max_total_num_tokens
+    assert sched.req_to_token_pool.available_size() == sched.req_to_token_pool.size
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"page_size": 4}, {"disable_radix_cache": True}, {"disable_overlap_schedule": False}],
+    ids=["radix", "page4", "no-radix", "overlap"],
+)
+def test_mixed_batches_give_the_unmixed_tokens(kwargs):
+    want, plain_modes, _ = _run(False, **kwargs)
+    got, modes, engine = _run(True, **kwargs)
+    assert "MIXED" not in plain_modes and modes.count("MIXED") >= 5
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert [o["meta_info"]["finish_reason"] for o in got] == [o["meta_info"]["finish_reason"] for o in want]
+    _assert_pool_whole(engine)
+
+
+def test_mixed_batches_under_retraction():
+    prompts = [[(11 * i + j) % 400 + 3 for j in range(30)] for i in range(8)]
+    params = [{"temperature": 0.7, "seed": i, "max_new_tokens": 40, "ignore_eos": True} for i in range(8)]
+    want, _, _ = _run(False, prompts, params, max_total_tokens=300)
+    got, modes, engine = _run(True, prompts, params, max_total_tokens=300)
+    assert "MIXED" in modes and engine.scheduler.num_retracted_reqs > 0
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    _assert_pool_whole(engine)
+
+
+def test_requests_that_want_logprobs_or_hidden_states_are_not_mixed():
+    for side in ({"return_logprob": True}, {"return_hidden_states": True}):
+        engine = Engine(
+            model_path=tiny_model_dir("llama"), enable_mixed_chunk=True, enable_return_hidden_states=True, **KW
+        )
+        with tracing.record() as events:
+            engine.generate(input_ids=PROMPTS[:3], sampling_params=PARAMS[0], **side)
+        modes = [e["forward_mode"] for e in events if e["event"] == "Scheduler.get_next_batch_to_run"]
+        assert "MIXED" not in modes and "EXTEND" in modes and "DECODE" in modes, side
+
+
+def test_mixed_batches_under_tp2():
+    want, _, _ = _run(False, attention_backend="torch_native")
+    with Engine(
+        model_path=tiny_model_dir("llama"), enable_mixed_chunk=True, tp_size=2, attention_backend="torch_native", **KW
+    ) as engine:
+        got = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"chunked_prefill_size": -1},
+        {"pp_size": 2},
+        {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": tiny_model_dir("llama")},
+    ],
+    ids=["no-chunked-prefill", "pipeline", "speculative"],
+)
+def test_what_cannot_mix_is_refused_by_name(extra):
+    with pytest.raises(ValueError, match="enable_mixed_chunk needs chunked prefill"):
+        ServerArgs(model_path=tiny_model_dir("llama"), enable_mixed_chunk=True, **extra)
