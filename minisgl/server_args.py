@@ -344,13 +344,9 @@ class ServerArgs:
             raise ValueError("tp_size must be >= 1")
         if self.pp_size < 1:
             raise ValueError("pp_size must be >= 1")
-        if self.enable_mixed_chunk and (
-            self.chunked_prefill_size is None or self.pp_size > 1 or self.speculative_algorithm
-        ):
-            raise ValueError(
-                "enable_mixed_chunk needs chunked prefill (chunked_prefill_size), and minisgl does not mix with "
-                "pp_size > 1 or speculative_algorithm"
-            )
+        no_mixing = self.chunked_prefill_size is None or self.pp_size > 1 or self.speculative_algorithm
+        if self.enable_mixed_chunk and no_mixing:
+            raise ValueError("enable_mixed_chunk needs chunked prefill; minisgl mixes with no pp_size or speculation")
         if self.pp_size > 1 and self.enable_torch_compile:
             raise ValueError(
                 "enable_torch_compile is not supported with pp_size > 1: a stage's graph would return logits"

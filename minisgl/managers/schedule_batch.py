@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from minisgl.managers.finish_reason import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_MATCHED_STR,
+    FINISH_MATCHED_TOKEN,
+    BaseFinishReason,
+)
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import ReqToTokenPool
@@ -25,43 +32,6 @@ from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 
 if TYPE_CHECKING:
     from minisgl.constrained.base_grammar_backend import BaseGrammarObject
-
-
-class BaseFinishReason:
-    def to_json(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class FINISH_MATCHED_TOKEN(BaseFinishReason):
-    def __init__(self, matched: int) -> None:
-        self.matched = matched
-
-    def to_json(self):
-        return {"type": "stop", "matched": self.matched}
-
-
-class FINISH_MATCHED_STR(BaseFinishReason):
-    def __init__(self, matched: str) -> None:
-        self.matched = matched
-
-    def to_json(self):
-        return {"type": "stop", "matched": self.matched}
-
-
-class FINISH_LENGTH(BaseFinishReason):
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def to_json(self):
-        return {"type": "length", "length": self.length}
-
-
-class FINISH_ABORT(BaseFinishReason):
-    def __init__(self, message: str = "aborted") -> None:
-        self.message = message
-
-    def to_json(self):
-        return {"type": "abort", "message": self.message}
 
 
 class Req:

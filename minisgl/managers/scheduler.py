@@ -29,12 +29,13 @@ from minisgl.constrained.grammar_manager import GrammarManager
 from minisgl.distributed.parallel_state import get_tp_group
 from minisgl.distributed.utils import broadcast_pyobj
 from minisgl.hf_transformers_utils import get_tokenizer
+from minisgl.managers.finish_reason import FINISH_ABORT
 from minisgl.managers.io_struct import (
     AbortReq,
     ReqOutput,
     TokenizedGenerateReqInput,
 )
-from minisgl.managers.schedule_batch import FINISH_ABORT, Req, ScheduleBatch
+from minisgl.managers.schedule_batch import Req, ScheduleBatch
 from minisgl.managers.schedule_policy import (
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO,

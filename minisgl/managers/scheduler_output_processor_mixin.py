@@ -15,8 +15,9 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
+from minisgl.managers.finish_reason import FINISH_ABORT, FINISH_LENGTH
 from minisgl.managers.io_struct import ReqOutput
-from minisgl.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req, ScheduleBatch
+from minisgl.managers.schedule_batch import Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
 from minisgl.speculative.spec_utils import release_kv
 
