@@ -27,8 +27,8 @@ PARAMS = [
 KW = dict(max_total_tokens=2048, chunked_prefill_size=16)
 
 
-def _run(mixed: bool, prompts=PROMPTS, params=PARAMS, **kwargs) -> tuple[list[dict], list[str], Engine]:
-    engine = Engine(model_path=tiny_model_dir("llama"), enable_mixed_chunk=mixed, **{**KW, **kwargs})
+def _run(mixed: bool, prompts=PROMPTS, params=PARAMS, arch="llama", **kwargs) -> tuple[list[dict], list[str], Engine]:
+    engine = Engine(model_path=tiny_model_dir(arch), enable_mixed_chunk=mixed, **{**KW, **kwargs})
     with tracing.record() as events:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
     modes = [e["forward_mode"] for e in events if e["event"] == "Scheduler.get_next_batch_to_run"]
@@ -53,6 +53,16 @@ def test_mixed_batches_give_the_unmixed_tokens(kwargs):
     assert "MIXED" not in plain_modes and modes.count("MIXED") >= 5
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     assert [o["meta_info"]["finish_reason"] for o in got] == [o["meta_info"]["finish_reason"] for o in want]
+    _assert_pool_whole(engine)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+def test_mixed_batches_on_moe_and_mla(arch):
+    """The fused MoE, and MLA's absorbed attention, which a mixed batch's decode rows (on a prefix) take."""
+    want, _, _ = _run(False, arch=arch)
+    got, modes, engine = _run(True, arch=arch)
+    assert "MIXED" in modes
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     _assert_pool_whole(engine)
 
 
