@@ -11,8 +11,10 @@ import pytest
 
 from minisgl import tracing
 from minisgl.entrypoints.engine import Engine
+from minisgl.managers.schedule_batch import ScheduleBatch
 from minisgl.server_args import ServerArgs
 from tests._models import tiny_model_dir
+from tests._traces import fresh_and_golden
 
 # Prompts of 20 to 65 tokens in chunks of 16: later prompts are still prefilling while earlier ones decode.
 PROMPTS = [[(7 * i + 3 * j) % 500 + 3 for j in range(20 + 9 * i)] for i in range(6)]
@@ -74,6 +76,29 @@ def test_mixed_batches_under_retraction():
     assert "MIXED" in modes and engine.scheduler.num_retracted_reqs > 0
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     _assert_pool_whole(engine)
+
+
+def test_decode_rows_count_against_the_chunk(monkeypatch):
+    """A mixed batch's prompt tokens and decode rows together stay within chunked_prefill_size."""
+    sizes = []
+    mix = ScheduleBatch.mix_with_running
+
+    def spy(self, running):
+        sizes.append((sum(self.extend_lens), len(running.reqs)))
+        mix(self, running)
+
+    monkeypatch.setattr(ScheduleBatch, "mix_with_running", spy)
+    _run(True)
+    assert sizes and all(prompt + decode <= KW["chunked_prefill_size"] for prompt, decode in sizes)
+    assert any(prompt + decode == KW["chunked_prefill_size"] for prompt, decode in sizes)
+
+
+def test_mixed_chunk_golden_trace_matches():
+    """A short prompt decodes inside the long one's later chunks (traces/mixed_chunk.jsonl)."""
+    fresh, golden = fresh_and_golden("mixed_chunk")
+    assert fresh == golden, "mixed-chunk trace changed: review, then python -m minisgl.tools.refresh_traces mixed_chunk"
+    modes = [e["forward_mode"] for e in fresh]
+    assert modes[:5] == ["EXTEND", "MIXED", "MIXED", "MIXED", "DECODE"]
 
 
 def test_requests_that_want_logprobs_or_hidden_states_are_not_mixed():

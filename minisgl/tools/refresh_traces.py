@@ -332,6 +332,19 @@ def overlap_delayed_sample(workdir: str) -> list[dict]:
     return [e for e in events if e["event"].startswith(keep) and e["phase"] != "end"]
 
 
+def mixed_chunk(workdir: str) -> list[dict]:
+    """--enable-mixed-chunk: a 4-token prompt and a 20-token one, in chunks of 8. The first prefill
+    holds the short prompt and the long one's first 4 tokens; once the short one decodes, each later
+    chunk of the long one carries its decode step (MIXED), then both decode."""
+    engine = _engine(_tiny("llama", workdir), enable_mixed_chunk=True, chunked_prefill_size=8)
+    with tracing.record() as events:
+        engine.generate(
+            input_ids=[[5, 6, 7, 8], list(range(30, 50))],
+            sampling_params={"temperature": 0, "max_new_tokens": 6, "ignore_eos": True},
+        )
+    return [e for e in events if e["event"] == "Scheduler.get_next_batch_to_run"]
+
+
 SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "model_runner_initialize": model_runner_initialize,
     "model_runner_forward_sample": model_runner_forward_sample,
@@ -345,6 +358,7 @@ SCENARIOS: dict[str, Callable[[str], list[dict]]] = {
     "mla_personality": mla_personality,
     "overlap_schedule": overlap_schedule,
     "overlap_delayed_sample": overlap_delayed_sample,
+    "mixed_chunk": mixed_chunk,
 }
 
 
