@@ -143,6 +143,21 @@ def test_delayed_sampling_overlaps_grammars_and_penalties(tiny_llama, engine_kwa
         assert names[i + 1 : i + 3] == ["process_batch_result", "launch_batch_sample"]
 
 
+def test_penalties_count_the_token_in_flight(tiny_llama):
+    """Penalties alone (no grammar to delay the batch): sampled at launch, their counts would miss the
+    token still in flight, as SGLang's do, and the logprobs would move; delayed, they are the normal loop's."""
+    params = [
+        {"temperature": 0, "max_new_tokens": 12, "frequency_penalty": 2.0, "ignore_eos": True},
+        {"temperature": 0, "max_new_tokens": 12, "presence_penalty": 2.0, "ignore_eos": True},
+        {"temperature": 0.8, "seed": 3, "max_new_tokens": 12, "repetition_penalty": 2.0, "ignore_eos": True},
+    ]
+    runs = []
+    for overlap in (False, True):
+        engine = Engine(model_path=tiny_llama, max_total_tokens=2048, disable_overlap_schedule=not overlap)
+        runs.append(engine.generate(input_ids=PROMPTS[:3], sampling_params=params, return_logprob=True))
+    _assert_same(runs[1], runs[0])
+
+
 def test_delayed_sampling_under_tp2(tiny_llama):
     """Each rank delays the same batches: TP 2 in the overlap loop gives TP 1's tokens."""
     kw = dict(model_path=tiny_llama, max_total_tokens=2048, device="cpu", attention_backend="torch_native")
