@@ -3,11 +3,12 @@ chunks, the running requests' decode step rides in the same forward (ForwardMode
 extend of one token on its own KV (ScheduleBatch.mix_with_running).
 
 The tokens must be those of the unmixed engine (greedy and seeded, with the radix cache, pages of
-4, grammars, retraction, the overlap loop, TP 2) with the KV pool whole afterwards; a request that
-wants logprobs or hidden states is never mixed; what cannot mix is refused by name.
+4, grammars, retraction, the overlap loop, TP 2) with the KV pool whole afterwards; the logprobs and
+hidden states of mixed batches those of the unmixed ones; what cannot mix is refused by name.
 """
 
 import pytest
+import torch
 
 from minisgl import tracing
 from minisgl.entrypoints.engine import Engine
@@ -101,15 +102,44 @@ def test_mixed_chunk_golden_trace_matches():
     assert modes[:5] == ["EXTEND", "MIXED", "MIXED", "MIXED", "DECODE"]
 
 
-def test_requests_that_want_logprobs_or_hidden_states_are_not_mixed():
-    for side in ({"return_logprob": True}, {"return_hidden_states": True}):
+def test_mixed_batches_return_the_unmixed_logprobs_and_hidden_states():
+    """SGLang does not mix when a request wants logprobs; here a decode row's come out as a one-token
+    extend's: output and prompt logprobs (top-k, chosen ids) and hidden states as without mixing."""
+    # The last two want prompt logprobs: never chunked, they are prefilled whole inside mixed batches.
+    side = dict(return_logprob=True, logprob_start_len=[-1] * 4 + [0] * 2, top_logprobs_num=2, token_ids_logprob=[5, 7])
+    runs = []
+    for mixed in (False, True):
         engine = Engine(
-            model_path=tiny_model_dir("llama"), enable_mixed_chunk=True, enable_return_hidden_states=True, **KW
+            model_path=tiny_model_dir("llama"), enable_mixed_chunk=mixed, enable_return_hidden_states=True, **KW
         )
         with tracing.record() as events:
-            engine.generate(input_ids=PROMPTS[:3], sampling_params=PARAMS[0], **side)
+            outs = engine.generate(
+                input_ids=PROMPTS, sampling_params=PARAMS[:2] * 3, return_hidden_states=[False, True] * 3, **side
+            )
         modes = [e["forward_mode"] for e in events if e["event"] == "Scheduler.get_next_batch_to_run"]
-        assert "MIXED" not in modes and "EXTEND" in modes and "DECODE" in modes, side
+        assert ("MIXED" in modes) == mixed
+        runs.append(outs)
+    unmixed, mixed = runs
+    assert [o["output_ids"] for o in mixed] == [o["output_ids"] for o in unmixed]
+    for got, want in zip(mixed, unmixed):
+        for key in (
+            "input_token_logprobs",
+            "output_token_logprobs",
+            "output_top_logprobs",
+            "output_token_ids_logprobs",
+        ):
+            g, w = _flat(got["meta_info"][key]), _flat(want["meta_info"][key])
+            assert [x[1:] for x in g] == [x[1:] for x in w], key  # token ids (and text)
+            assert [x[0] is None for x in g] == [x[0] is None for x in w], key
+            assert [x[0] or 0.0 for x in g] == pytest.approx([x[0] or 0.0 for x in w], abs=1e-4), key
+        if "hidden_states" in want["meta_info"]:
+            got_h, want_h = got["meta_info"]["hidden_states"], want["meta_info"]["hidden_states"]
+            assert len(got_h) == len(want_h) and torch.tensor(got_h).allclose(torch.tensor(want_h), atol=1e-4)
+
+
+def _flat(entries: list) -> list[tuple]:
+    """(logprob, token id, text) entries, a top-k position's list of them spread out."""
+    return [x for e in entries for x in (e if isinstance(e, list) else [e])]
 
 
 def test_mixed_batches_under_tp2():

@@ -206,20 +206,18 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         batch = self.cur_batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
-        if self._can_mix(batch):
+        if self._can_mix():
             self.running_batch.prepare_for_decode(self.future_token_ids)
             batch.mix_with_running(self.running_batch)
             self.running_batch.reqs = []  # they come back with the mixed batch, as a prefill's do
         return batch
 
-    def _can_mix(self, batch: ScheduleBatch) -> bool:
-        """--enable-mixed-chunk: fold the running requests' decode step into this prefill, unless
-        their KV does not fit (the next decode step retracts), or some request wants logprobs (as
-        SGLang, which has not made them work in a mixed batch) or hidden states (minisgl's own rule)."""
+    def _can_mix(self) -> bool:
+        """--enable-mixed-chunk: fold the running requests' decode step into this prefill, unless their
+        KV does not fit (the next decode step retracts). SGLang also declines when a request wants
+        logprobs; here a decode row's logprobs and hidden states come out as a one-token extend's."""
         running = self.running_batch
-        if not self.server_args.enable_mixed_chunk or running.is_empty() or not running.check_decode_mem():
-            return False
-        return not any(r.return_logprob or r.return_hidden_states for r in batch.reqs + running.reqs)
+        return self.server_args.enable_mixed_chunk and not running.is_empty() and running.check_decode_mem()
 
     def update_running_batch(self, batch: ScheduleBatch) -> Optional[ScheduleBatch]:
         if not batch.check_decode_mem():

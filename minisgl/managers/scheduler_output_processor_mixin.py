@@ -36,12 +36,12 @@ class SchedulerOutputProcessorMixin:
         out = result.logits_output
         hidden_offset = 0
         still_running = []
-        decoding = set(map(id, batch.decoding_reqs))  # a mixed batch's decode rows: no prompt here
+        decoding = set(map(id, batch.decoding_reqs))  # a mixed batch's decode rows: no prompt to cache
         for i, req in enumerate(batch.reqs):
             if req.finished():
                 continue  # overlap: it finished (or was aborted) after this batch was launched
-            prefilled = batch.forward_mode.is_extend() and id(req) not in decoding
-            if prefilled:
+            if batch.forward_mode.is_extend():
+                # A mixed batch's decode rows too: one-token extends, their side outputs found alike.
                 self._record_extend_side_outputs(req, out, i, hidden_offset, batch.prefix_lens[i], batch.seq_lens[i])
                 hidden_offset += batch.extend_lens[i]
                 if req.is_chunked:
@@ -62,7 +62,7 @@ class SchedulerOutputProcessorMixin:
             if req.finished():
                 self._finish(req, new_ids)
                 continue
-            if prefilled:
+            if batch.forward_mode.is_extend() and id(req) not in decoding:
                 self.tree_cache.cache_unfinished_req(req)
             self._emit(req, new_ids)
             still_running.append(req)
