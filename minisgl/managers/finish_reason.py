@@ -17,20 +17,22 @@ class BaseFinishReason:
         raise NotImplementedError
 
 
-class FINISH_MATCHED_TOKEN(BaseFinishReason):
-    def __init__(self, matched: int) -> None:
+class _FinishMatched(BaseFinishReason):
+    """A stop matched; OpenAI's finish_reason calls every kind "stop"."""
+
+    def __init__(self, matched: int | str) -> None:
         self.matched = matched
 
     def to_json(self):
         return {"type": "stop", "matched": self.matched}
 
 
-class FINISH_MATCHED_STR(BaseFinishReason):
-    def __init__(self, matched: str) -> None:
-        self.matched = matched
+class FINISH_MATCHED_TOKEN(_FinishMatched):
+    """A stop token, EOS or a grammar's last token was sampled; ``matched`` is its id."""
 
-    def to_json(self):
-        return {"type": "stop", "matched": self.matched}
+
+class FINISH_MATCHED_STR(_FinishMatched):
+    """A stop string or stop regex matched the text; ``matched`` is it."""
 
 
 class FINISH_LENGTH(BaseFinishReason):
