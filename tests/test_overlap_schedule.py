@@ -7,6 +7,8 @@ gets by default.
 """
 
 import json
+import os
+import threading
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from minisgl import tracing
 from minisgl.entrypoints.engine import Engine
 from minisgl.managers.io_struct import TokenizedGenerateReqInput
 from minisgl.managers.overlap_utils import FutureMap, StreamExecutor
+from minisgl.openmp_pool import _libgomp, release_openmp_workers
 from minisgl.sampling.sampling_params import SamplingParams
 from tests._traces import fresh_and_golden
 
@@ -247,3 +250,46 @@ def test_the_default_loop_is_per_device(tiny_llama):
     assert ServerArgs(model_path=tiny_llama, device="cuda").disable_overlap_schedule is False
     forced = ServerArgs(model_path=tiny_llama, device="cpu", disable_overlap_schedule=False)
     assert forced.disable_overlap_schedule is False
+
+
+def test_the_forward_thread_is_the_only_openmp_master(tiny_llama):
+    """Two threads with OpenMP pools make libgomp sleep between ops (minisgl/openmp_pool.py): in the
+    overlap loop the scheduler thread (here the caller's: the Engine's InlineDriver) runs its steps'
+    ops on one thread and the forward thread on all of them; between steps, and after shutdown,
+    which ends the forward thread, the caller keeps its own thread count."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        pytest.skip("torch runs one thread here: there is no OpenMP pool to keep apart")
+    engine = Engine(model_path=tiny_llama, disable_overlap_schedule=False, max_total_tokens=2048)
+    scheduler, seen = engine.scheduler, []
+    process = scheduler.process_batch_result
+    scheduler.process_batch_result = lambda *args: (seen.append(torch.get_num_threads()), process(*args))[1]
+    try:
+        engine.generate(input_ids=PROMPTS[:2], sampling_params={"temperature": 0, "max_new_tokens": 3})
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == threads
+        assert scheduler.forward_executor.submit(torch.get_num_threads).result() == threads
+    finally:
+        engine.shutdown()
+    assert not any(t.is_alive() for t in scheduler.forward_executor._threads)
+
+
+def test_release_ends_the_calling_threads_openmp_workers():
+    """release_openmp_workers ends the OpenMP worker threads of the thread that calls it (counted
+    in /proc); the thread keeps its thread count."""
+    if torch.get_num_threads() < 2 or _libgomp() is None:
+        pytest.skip("needs libgomp with omp_pause_resource_all and two torch threads")
+    result = {}
+
+    def run() -> None:
+        torch.set_num_threads(2)
+        torch.ones(1 << 22).sum()  # a parallel reduction: this thread gets a pool with one worker
+        result["before"] = len(os.listdir("/proc/self/task"))
+        result["released"] = release_openmp_workers()
+        result["after"] = len(os.listdir("/proc/self/task"))
+        result["threads"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert result == {"before": result["before"], "released": True, "after": result["before"] - 1, "threads": 2}

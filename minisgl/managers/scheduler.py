@@ -382,4 +382,5 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerOverlapMixin, SchedulerC
         self.outputs.append(ReqOutput(recv_req.rid, [], True, {**meta, "finish_reason": reason.to_json()}))
 
     def shutdown(self) -> None:
-        """Nothing to release: the in-process scheduler goes with its owner (SchedulerHandle's contract)."""
+        """The overlap loop's forward thread ends; the rest goes with the scheduler's owner."""
+        self.shutdown_overlap()

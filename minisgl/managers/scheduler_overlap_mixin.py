@@ -42,6 +42,7 @@ from minisgl import tracing
 from minisgl.managers.overlap_utils import FutureIndices, FutureMap, StreamExecutor
 from minisgl.managers.schedule_batch import Req, ScheduleBatch
 from minisgl.managers.tp_worker import GenerationBatchResult
+from minisgl.openmp_pool import one_openmp_thread, release_openmp_workers
 from minisgl.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -69,13 +70,29 @@ class SchedulerOverlapMixin:
             self.forward_executor = concurrent.futures.ThreadPoolExecutor(
                 1, "minisgl-forward", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
             )
+            # The forward thread runs the parallel ops from now on. This thread's OpenMP workers, left
+            # from loading the model, would make libgomp put both pools to sleep between ops, so they
+            # end here, and its steps run on one thread (step_overlap) so as not to build them again.
+            release_openmp_workers()
+
+    def shutdown_overlap(self) -> None:
+        """End the forward thread, and its OpenMP workers with it (a CPU's)."""
+        if self.enable_overlap and not self.worker_info.device.startswith("cuda"):
+            self.forward_executor.shutdown(wait=True)
 
     def event_loop_overlap(self, recv_from_engine) -> None:
         """SGLang's event_loop_overlap for one TP rank; see _serve for the receive side."""
         self._serve(recv_from_engine, self.step_overlap)
 
     def step_overlap(self):
-        """One iteration of event_loop_overlap: prepare and launch N+1, then process N."""
+        """One iteration of event_loop_overlap: prepare and launch N+1, then process N. On a CPU this
+        thread's ops run on it alone, so that the forward thread stays the process's one OpenMP
+        master (minisgl/openmp_pool.py)."""
+        on_cpu = not self.worker_info.device.startswith("cuda")
+        with one_openmp_thread() if on_cpu else contextlib.nullcontext():
+            return self._step_overlap()
+
+    def _step_overlap(self):
         if self.result_queue and self._needs_sync():
             self.process_results_in_flight()
         # A request whose token in flight is its last by length is not decoded again.
