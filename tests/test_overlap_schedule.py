@@ -263,7 +263,12 @@ def test_the_forward_thread_is_the_only_openmp_master(tiny_llama):
     engine = Engine(model_path=tiny_llama, disable_overlap_schedule=False, max_total_tokens=2048)
     scheduler, seen = engine.scheduler, []
     process = scheduler.process_batch_result
-    scheduler.process_batch_result = lambda *args: (seen.append(torch.get_num_threads()), process(*args))[1]
+
+    def process_and_count(*args):  # runs on the scheduler thread, inside step_overlap
+        seen.append(torch.get_num_threads())
+        return process(*args)
+
+    scheduler.process_batch_result = process_and_count
     try:
         engine.generate(input_ids=PROMPTS[:2], sampling_params={"temperature": 0, "max_new_tokens": 3})
         assert seen and set(seen) == {1}

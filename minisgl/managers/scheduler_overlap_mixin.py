@@ -63,7 +63,8 @@ class SchedulerOverlapMixin:
         if not self.enable_overlap:
             return
         self.future_map = FutureMap(self.worker_info.max_running_requests, self.worker_info.device)
-        if self.worker_info.device.startswith("cuda"):
+        self.forward_on_a_thread = not self.worker_info.device.startswith("cuda")  # a CPU's: see step_overlap
+        if not self.forward_on_a_thread:
             self.forward_executor = StreamExecutor()
         else:
             # A new thread would start with OpenMP's default thread count, not the one torch was told.
@@ -77,7 +78,7 @@ class SchedulerOverlapMixin:
 
     def shutdown_overlap(self) -> None:
         """End the forward thread, and its OpenMP workers with it (a CPU's)."""
-        if self.enable_overlap and not self.worker_info.device.startswith("cuda"):
+        if self.enable_overlap and self.forward_on_a_thread:
             self.forward_executor.shutdown(wait=True)
 
     def event_loop_overlap(self, recv_from_engine) -> None:
@@ -88,8 +89,7 @@ class SchedulerOverlapMixin:
         """One iteration of event_loop_overlap: prepare and launch N+1, then process N. On a CPU this
         thread's ops run on it alone, so that the forward thread stays the process's one OpenMP
         master (minisgl/openmp_pool.py)."""
-        on_cpu = not self.worker_info.device.startswith("cuda")
-        with one_openmp_thread() if on_cpu else contextlib.nullcontext():
+        with one_openmp_thread() if self.forward_on_a_thread else contextlib.nullcontext():
             return self._step_overlap()
 
     def _step_overlap(self):
