@@ -6,6 +6,7 @@ grammars, logprobs and aborts, and the KV pool whole afterwards; and which loop 
 gets by default.
 """
 
+import gc
 import json
 import os
 import threading
@@ -255,8 +256,8 @@ def test_the_default_loop_is_per_device(tiny_llama):
 def test_the_forward_thread_is_the_only_openmp_master(tiny_llama):
     """Two threads with OpenMP pools make libgomp sleep between ops (minisgl/openmp_pool.py): in the
     overlap loop the scheduler thread (here the caller's: the Engine's InlineDriver) runs its steps'
-    ops on one thread and the forward thread on all of them; between steps, and after shutdown,
-    which ends the forward thread, the caller keeps its own thread count."""
+    ops on one thread and the forward thread on all of them, and holds no pool of its own; between
+    steps, and after shutdown, which ends the forward thread, the caller keeps its own thread count."""
     threads = torch.get_num_threads()
     if threads < 2:
         pytest.skip("torch runs one thread here: there is no OpenMP pool to keep apart")
@@ -273,6 +274,9 @@ def test_the_forward_thread_is_the_only_openmp_master(tiny_llama):
         engine.generate(input_ids=PROMPTS[:2], sampling_params={"temperature": 0, "max_new_tokens": 3})
         assert seen and set(seen) == {1}
         assert torch.get_num_threads() == threads
+        gc.collect()  # an earlier test's executor collected now would end its thread inside the count below
+        tasks = len(os.listdir("/proc/self/task"))  # this thread's pool, from loading the model, ended at start
+        assert not release_openmp_workers() or len(os.listdir("/proc/self/task")) == tasks
         assert scheduler.forward_executor.submit(torch.get_num_threads).result() == threads
     finally:
         engine.shutdown()
