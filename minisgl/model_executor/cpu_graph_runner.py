@@ -122,8 +122,9 @@ def set_torch_compile_config(num_buckets: int, tp_size: int) -> None:
     # That wrapper is a straight run of ~300 dispatcher calls (6,000 lines for the default model),
     # which gcc built at -O3 with inductor's few generated kernels: 46 s of a bucket's 57 s compile
     # (bfloat16, Zen 4). Built apart, the wrapper at -O1 (aot_inductor.compile_wrapper_opt_level) and
-    # the kernels still at -O3, a bucket compiled in 17 s and replayed as fast (paired, 0.98x; at -O0
-    # 14 s but 1.08x). Inductor keeps this off by default for graphs of many small generated kernels.
+    # the kernels still at -O3, a bucket compiled in 17 s (29 s in a fresh process, inductor's one-time
+    # ISA probes included) and replayed as fast (paired, 0.98x; at -O0 14 s but 1.08x). Inductor keeps
+    # this off by default for graphs of many small generated kernels.
     torch._inductor.config.cpp_wrapper_build_separate = True
     # One graph per bucket: each needs its own cache entry.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, num_buckets)
