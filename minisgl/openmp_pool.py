@@ -11,7 +11,8 @@ step in 15.3 ms where the normal loop takes 9 (Zen 4 EPYC, 2 cores). ``release_o
 makes the thread that calls it give its pool back (OpenMP 5's ``omp_pause_resource_all``, which
 ends its workers), and ``one_openmp_thread`` keeps a thread from building one again while it runs
 a block of torch ops.
-ThreadedDriver avoids the same trap another way: the thread that runs the model builds it.
+ThreadedDriver (scheduler_driver.py) avoids the same trap another way: the thread that runs the
+model builds it, and a model built by the caller measured 20% slower there.
 """
 
 from __future__ import annotations

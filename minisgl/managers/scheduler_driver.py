@@ -205,11 +205,10 @@ class ThreadedDriver(_Driver):
         self.lock = threading.Lock()  # makes "not closed, rid free, then put" one step; guards routes
         self.on_fatal_error: Optional[Callable[[], None]] = None
         # The scheduler thread builds the scheduler itself (the caller waits, and gets its error),
-        # so that it is the only thread that ever runs a parallel torch op. OpenMP (libgomp) gives
-        # every thread that does its own pool of workers; with more of them than cores it stops
-        # spinning between parallel regions and puts the workers to sleep instead, and every op
-        # then waits for a wake-up: a model built by the caller and run by this thread measured
-        # 20% slower, with 80,000 context switches per run.
+        # so that it is the only thread that ever runs a parallel torch op: a second thread with an
+        # OpenMP pool puts every pool's workers to sleep between ops (minisgl/openmp_pool.py). A
+        # model built by the caller and run by this thread measured 20% slower, with 80,000 context
+        # switches per run.
         built: concurrent.futures.Future = concurrent.futures.Future()
         self.thread = threading.Thread(
             target=self._event_loop, args=(server_args, built), name="minisgl-scheduler", daemon=True
