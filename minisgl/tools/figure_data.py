@@ -264,3 +264,51 @@ def request_life(llama: str) -> list[dict]:
         "Sampler.forward",
     )
     return [e for e in events if e["event"].startswith(keep) and e["event"] != "ModelRunner.forward.dispatch"]
+
+
+def quant_blocks(llama: str) -> dict:
+    """Chapter 8 (quantization): the first 32 weights of one row of a real layer, stored in each GGUF
+    block type minisgl multiplies and in W8A8's int8 row, with the fields read back from the stored
+    bytes and the weights minisgl's own decoders (ggml_dequantize, the int8 scale) make of them.
+    The blocks are written by the `gguf` package's quantizer, llama.cpp's reference rounding."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import quantize
+    from safetensors import safe_open
+
+    from minisgl.layers.quantization.gguf_kernel import ggml_dequantize
+    from minisgl.layers.quantization.int8_kernel import quantize_weight_int8
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    with safe_open(f"{llama}/model.safetensors", "pt") as f:
+        row = f.get_tensor(name)[0].float()
+
+    def r(values) -> list[float]:  # six significant digits keep data.json stable and readable
+        return [float(f"{v:.6g}") for v in values]
+
+    def fp16(two_bytes) -> float:
+        return float(f"{float(np.frombuffer(two_bytes.tobytes(), np.float16)[0]):.6g}")
+
+    data = {"tensor": f"{name}[0, :32]", "k": row.numel(), "weights": r(row[:32].tolist())}
+    for t in (T.Q8_0, T.Q4_0, T.Q4_1):
+        block = quantize(row[:32].numpy()[None], t)[0]  # one block: its bytes as the file stores them
+        if t == T.Q8_0:
+            q = block[2:].view(np.int8).tolist()
+        else:  # byte j holds weight j in its low nibble and weight j + 16 in its high one
+            q = [int(b) & 15 for b in block[-16:]] + [int(b) >> 4 for b in block[-16:]]
+        decoded = ggml_dequantize(torch.from_numpy(block[None].copy()), t)[0]
+        data[t.name] = {
+            "bytes": len(block),
+            "d": fp16(block[0:2]),
+            "m": fp16(block[2:4]) if t == T.Q4_1 else None,
+            "q": q,
+            "decoded": r(decoded.tolist()),
+        }
+    q, scale = quantize_weight_int8(row[None])  # one scale for the whole row of K weights
+    data["w8a8_int8"] = {
+        "scale": float(f"{float(scale):.6g}"),
+        "q": q[0, :32].tolist(),
+        "decoded": r((q[0, :32] * scale[0]).tolist()),
+    }
+    return data

@@ -1,6 +1,6 @@
 """Shared SVG settings of the book's figures, and the drawings of the later chapters' figures
-(kv_indices, model_config, overlap_timeline, eagle_tree). minisgl/tools/make_figures.py collects their data
-and calls them; split from it to keep each file to one screenful of jobs."""
+(kv_indices, model_config, overlap_timeline, eagle_tree, quant_blocks). minisgl/tools/make_figures.py
+collects their data and calls them; split from it to keep each file to one screenful of jobs."""
 
 from __future__ import annotations
 
@@ -161,3 +161,58 @@ def draw_eagle_tree(events: list[dict], out: Path) -> None:
     fig.suptitle("EAGLE tree verify (traces/eagle_decoding.jsonl; green: accepted)", fontsize=10)
     fig.tight_layout()
     save_svg(fig, out, "eagle_tree")
+
+
+def draw_quant_blocks(data: dict, out: Path) -> None:
+    """One block of 32 weights in each stored layout: its bytes by field (left) and the weights decoded
+    from them against the float weights (right); a 4-bit type's 16 levels are drawn as faint lines."""
+    plt = svg_pyplot()
+    fig, axes = plt.subplots(4, 2, figsize=(10.5, 7.6), gridspec_kw={"width_ratios": [1.25, 1]})
+    weights = data["weights"]
+    colors = {"d": "#ff7f0e", "m": "#9467bd", "q": "#1f77b4", "scale": "#ff7f0e"}
+    rows = [
+        ("Q8_0", "w = q·d", lambda q: [str(v) for v in q]),
+        ("Q4_0", "w = (q − 8)·d", lambda q: [f"{q[j + 16]}|{q[j]}" for j in range(16)]),
+        ("Q4_1", "w = q·d + m", lambda q: [f"{q[j + 16]}|{q[j]}" for j in range(16)]),
+        ("w8a8_int8", "w = q·scale", lambda q: [str(v) for v in q]),
+    ]
+    for (left, right), (kind, formula, byte_labels) in zip(axes, rows):
+        block = data[kind]
+        # (field, bytes, label): the scales as one box each, every q byte on its own
+        fields = [("q", 1, label) for label in byte_labels(block["q"])]
+        if kind == "w8a8_int8":  # the row's scale is a separate tensor (weight_scale), one float32 per row
+            fields += [(None, 1, ""), ("scale", 4, "scale fp32")]
+        else:
+            fields = [("d", 2, "d\nfp16")] + ([("m", 2, "m\nfp16")] if block["m"] is not None else []) + fields
+        x = 0
+        for field, size, label in fields:
+            if field is not None:
+                left.add_patch(plt.Rectangle((x, 0), size - 0.08, 1, fc=colors[field], alpha=0.35, ec="k", lw=0.4))
+                left.text(x + size / 2, 0.5, label, ha="center", va="center", fontsize=4.8 if size == 1 else 5.5,
+                          rotation=90 if size == 1 else 0)  # fmt: skip
+            x += size
+        left.set_xlim(-0.2, 38)
+        left.set_ylim(-0.2, 1.2)
+        left.axis("off")
+        if kind == "w8a8_int8":
+            what = (f"W8A8 weight row: int8 q, 1 byte each (the first 32 of K = {data['k']}), "
+                    f"and one float32 scale = {block['scale']} for the row")  # fmt: skip
+        else:
+            m = f", m = {block['m']}" if block["m"] is not None else ""
+            nibbles = "; each q byte: high|low nibble = q(j+16)|q(j)" if kind != "Q8_0" else ""
+            what = f"{kind}: {block['bytes']} bytes per 32 weights, d = {block['d']}{m} (fp16){nibbles}"
+        left.set_title(what, fontsize=7.5, loc="left")
+        decoded = block["decoded"]
+        if kind in ("Q4_0", "Q4_1"):
+            for level in range(16):
+                value = (level - 8) * block["d"] if kind == "Q4_0" else level * block["d"] + block["m"]
+                right.axhline(value, color="#cccccc", lw=0.4, zorder=0)
+        right.plot(range(32), weights, "o", ms=3, color="k", label="float weight")
+        right.plot(range(32), decoded, "x", ms=4, color=colors["q"], label="decoded")
+        worst = max(abs(a - b) for a, b in zip(weights, decoded))
+        right.set_title(f"{formula}: largest error {worst:.3g}", fontsize=7.5)
+        right.tick_params(labelsize=6)
+    axes[0][1].legend(fontsize=6, loc="lower right")
+    axes[-1][1].set_xlabel(f"weight j of {data['tensor']} (tiny Llama checkpoint)", fontsize=7)
+    fig.tight_layout()
+    save_svg(fig, out, "quant_blocks")

@@ -26,6 +26,7 @@ from minisgl.tools.figure_drawing import (
     draw_kv_indices,
     draw_model_config,
     draw_overlap_timeline,
+    draw_quant_blocks,
     save_svg,
     svg_pyplot,
 )
@@ -61,6 +62,7 @@ def collect(workdir: str) -> dict:
         "model_config": figure_data.model_config(moe),
         "request_life": figure_data.request_life(llama),
         "overlap_timeline": figure_data.overlap_timeline(llama),
+        "quant_blocks": figure_data.quant_blocks(llama),
     }
 
 
@@ -275,6 +277,7 @@ def build(out: Path, data: dict) -> None:
     draw_kv_indices(data["kv_indices"], out)
     draw_model_config(data["model_config"], out)
     draw_overlap_timeline(data["overlap_timeline"], out)
+    draw_quant_blocks(data["quant_blocks"], out)
     draw_eagle_tree(tracing.load_jsonl(traces / "eagle_decoding.jsonl"), out)
     draw_recorded_figures(out)
     (out / "data.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
