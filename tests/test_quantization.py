@@ -25,6 +25,7 @@ from minisgl.tools.quant_accuracy import (
     compare,
     dithered,
     dithered_ppl_ratios,
+    per_layer_error,
     perplexity,
     text_ids,
 )
@@ -172,3 +173,49 @@ def test_chunked_perplexity_scores_what_llama_perplexity_scores():
                 nll -= logprobs[j - 1, chunk[j]].item()
                 count += 1
         assert math.isclose(ppl, math.exp(nll / count), rel_tol=1e-4), bos_id
+
+
+def test_an_ignore_list_keeps_those_layers_in_float(tmp_path):
+    """quantization_config.ignore, as SGLang reads it: every down_proj (a name the module's contains)
+    and layer 0's attention projections (an re: pattern over the checkpoint's q/k/v names) are written
+    float by the tool and served by the float method: the same output as the float model's layer, fed
+    the same input, to the bit; every other projection int8."""
+    float_path = tiny_model_dir("llama")
+    ignore = ["down_proj", r"re:model\.layers\.0\.self_attn\.[qkv]_proj"]
+    int8_path = quantize_checkpoint(float_path, tmp_path / "w8a8", ignore=ignore)
+    config = json.loads((int8_path / "config.json").read_text())
+    assert config["quantization_config"] == {"quant_method": "w8a8_int8", "ignore": ignore}
+    float_engine = Engine(model_path=float_path, max_total_tokens=1024)
+    quant_engine = Engine(model_path=str(int8_path), max_total_tokens=1024)
+    try:
+        kept = {"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}
+        methods = _layer_methods(quant_engine)
+        assert {name for name, m in methods.items() if m is UnquantizedLinearMethod} == kept
+        model = quant_engine.scheduler.tp_worker.model_runner.model
+        for name in kept:  # the int8 method's parameters are gone, not left beside the float weight
+            assert [p for p, _ in model.get_submodule(name).named_parameters()] == ["weight"], name
+        errors = per_layer_error(float_engine, quant_engine, text_ids(float_engine, TEXT_PATH.read_text()[:200]))
+    finally:
+        float_engine.shutdown()
+        quant_engine.shutdown()
+    assert all(errors[name] == 0 for name in kept), errors
+    assert all(err > 0 for name, err in errors.items() if name not in kept), errors
+
+
+def test_an_ignore_list_that_splits_a_fused_layer_or_names_experts_is_refused(tmp_path):
+    llama, moe = tiny_model_dir("llama"), tiny_model_dir("qwen3_moe")
+    with pytest.raises(ValueError, match=r"keeps \['k_proj'\] of model.layers.0.self_attn.qkv_proj in float"):
+        quantize_checkpoint(llama, tmp_path / "split", ignore=["layers.0.self_attn.k_proj"])
+    with pytest.raises(ValueError, match="expert"):
+        quantize_checkpoint(moe, tmp_path / "experts", ignore=["experts"])
+    # The same lists in a checkpoint's config (written by hand), refused when the model is built.
+    int8 = quantize_checkpoint(llama, tmp_path / "w8a8")
+    for bad, error in (([r"re:.*\.gate_proj"], "gate_proj.*share one scheme"), ("down_proj", "list of module names")):
+        config = json.loads((int8 / "config.json").read_text())
+        config["quantization_config"]["ignore"] = bad
+        (int8 / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=error):
+            Engine(model_path=str(int8), max_total_tokens=1024)
+    moe_int8 = _with_quant_config(moe, tmp_path / "moe", {"quant_method": "w8a8_int8", "ignore": ["mlp.experts"]})
+    with pytest.raises(NotImplementedError, match="model.layers.0.mlp.experts: .* keeps this FusedMoE in float"):
+        Engine(model_path=moe_int8, max_total_tokens=1024)

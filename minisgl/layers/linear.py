@@ -183,21 +183,37 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
+        self.input_size_per_partition, self.output_partition_sizes = input_size, output_sizes or [output_size]
         quant_config = resolve_quant_config(quant_config)
-        self.quant_method = quant_config.get_quant_method(self) if quant_config is not None else None
-        if self.quant_method is None:
+        quant_method = quant_config.get_quant_method(self) if quant_config is not None else None
+        if quant_method is None:
             # Imported here: unquant.py reads apply_linear and pack_linear_weight from this module.
             from minisgl.layers.quantization.unquant import UnquantizedLinearMethod
 
-            self.quant_method = UnquantizedLinearMethod()
-        self.quant_method.create_weights(
-            self, input_size, output_sizes or [output_size], torch.get_default_dtype(), weight_loader=self.weight_loader
-        )
+            quant_method = UnquantizedLinearMethod()
+        self.set_quant_method(quant_method)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+
+    def set_quant_method(self, quant_method) -> None:
+        """Take `quant_method` and the weights it creates, dropping those of the method before: once
+        at construction, and again, before any weight is read, for a layer the checkpoint keeps in
+        float by name (the loader's ignore-list pass; base_config.QuantizationConfig.is_layer_skipped)."""
+        for name in getattr(self, "_quant_params", ()):
+            delattr(self, name)
+        before = set(self._parameters)
+        self.quant_method = quant_method
+        quant_method.create_weights(
+            self,
+            self.input_size_per_partition,
+            self.output_partition_sizes,
+            torch.get_default_dtype(),
+            weight_loader=self.weight_loader,
+        )
+        self._quant_params = set(self._parameters) - before
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         param.data.copy_(loaded_weight)

@@ -20,9 +20,12 @@ import torch
 from torch import nn
 
 from minisgl.configs.model_config import ModelConfig
+from minisgl.layers.linear import LinearBase
 from minisgl.layers.quantization import get_quantization_config
 from minisgl.layers.quantization.base_config import QuantizationConfig, set_default_quant_config
 from minisgl.layers.quantization.gguf import GGUFConfig
+from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
+from minisgl.layers.quantization.utils import packed_modules_mapping
 from minisgl.model_loader.gguf import gguf_quant_weights_iterator
 from minisgl.model_loader.weight_utils import safetensors_weights_iterator
 from minisgl.models.registry import ModelRegistry
@@ -67,12 +70,34 @@ def get_model(model_config: ModelConfig, device: str, draft_model_idx: Optional[
         weights = _filter_draft_layer(weights, draft_model_idx)
     with set_default_torch_dtype(model_config.dtype), torch.device(device), set_default_quant_config(quant_config):
         model = model_cls(hf_config)
+        if quant_config is not None:
+            keep_ignored_layers_in_float(model, quant_config)
     model.load_weights(weights)
     # As SGLang's DefaultModelLoader.load_model: layers may re-lay their weights out for the device.
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model.eval()
+
+
+def keep_ignored_layers_in_float(model: nn.Module, quant_config: QuantizationConfig) -> None:
+    """Give every linear layer the checkpoint keeps in float (its ignore list) the float method and
+    weights, before any weight is read. SGLang passes each layer its name (prefix) at construction
+    and get_quant_method decides there; minisgl's models pass none, so the loader asks once the
+    model is built."""
+    fused_mapping = packed_modules_mapping(model)
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or isinstance(method, (UnquantizedLinearMethod, UnquantizedFusedMoEMethod)):
+            continue  # a float layer (the LM head, a router) stays as it is, ignored or not
+        if not quant_config.is_layer_skipped(name, fused_mapping):
+            continue
+        if not isinstance(module, LinearBase):
+            raise NotImplementedError(
+                f"{name}: the checkpoint's quantization_config.ignore keeps this {type(module).__name__} in float; "
+                "minisgl keeps only linear layers in float by name"
+            )
+        module.set_quant_method(UnquantizedLinearMethod())
 
 
 def _filter_draft_layer(weights, draft_model_idx: int):

@@ -12,15 +12,17 @@ weights are stored: it asks the model's QuantizationConfig for a *quant method*,
 SGLang threads ``quant_config`` and a ``prefix`` through every model constructor, so that a
 config can skip layers by name. minisgl's models stay as they were: the loader makes the config
 the default of every layer built inside :func:`set_default_quant_config`, and the one kind of
-layer SGLang never quantizes (an MoE router) says ``quant_config=None``. Omitted: per-layer
-ignore lists, activation dtypes, GPU capabilities and the override/name-mapper hooks.
+layer SGLang never quantizes (an MoE router) says ``quant_config=None``. A checkpoint that keeps
+some layers in float by name (an ignore list) is served by asking the config once the model is
+built and named (``is_layer_skipped``, called by the loader), and those layers re-create their weights
+with the float method. Omitted: activation dtypes, GPU capabilities and the override/name-mapper hooks.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import nn
@@ -102,6 +104,12 @@ class QuantizationConfig(ABC):
     @abstractmethod
     def get_quant_method(self, layer: nn.Module) -> Optional[QuantizeMethodBase]:
         """The method for this layer; None for a layer the scheme leaves as it is."""
+
+    def is_layer_skipped(self, prefix: str, fused_mapping: Mapping[str, list[str]]) -> bool:
+        """Whether the checkpoint keeps the module named `prefix` in float (SGLang decides this in
+        get_quant_method(layer, prefix); minisgl's loader asks here once the names exist).
+        `fused_mapping`: a fused module's last name -> its parts' (qkv_proj -> q_proj, k_proj, v_proj)."""
+        return False
 
 
 class _FromLoader:

@@ -12,12 +12,15 @@ float checkpoints; SGLang's w8a8_int8 expects an int8 checkpoint. SGLang's CPU p
 and its fused MoE kernel; minisgl runs its own kernels (kernels/cpu/gemm_int8.cpp, and
 gemm_int8_vnni.cpp on AVX512-VNNI) and, for MoE, its own fused kernel in either layout
 (moe_int8.cpp), else (sizes not in whole panels, or no C++ kernels) the int8 GEMM once per chosen
-expert. Omitted: ignore lists, static activation scales.
+expert. A checkpoint's ``ignore`` list (module names, or ``re:`` patterns) keeps those linear
+layers in float, as SGLang's config does (layers/quantization/utils.py); minisgl's loader applies it
+once the model is built, because its models pass layers no name (base_config.py). Omitted: static
+activation scales, and ignored MoE experts (refused by name).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -30,13 +33,15 @@ from minisgl.layers.quantization.int8_kernel import (
     quantize_weight_int8,
     use_int8_kernel,
 )
+from minisgl.layers.quantization.utils import should_ignore_layer
 
 
 class W8A8Int8Config(QuantizationConfig):
     """Weights static, per channel, symmetric; activations dynamic, per token, symmetric."""
 
-    def __init__(self, is_checkpoint_int8_serialized: bool) -> None:
+    def __init__(self, is_checkpoint_int8_serialized: bool, ignore: Sequence[str] = ()) -> None:
         self.is_checkpoint_int8_serialized = is_checkpoint_int8_serialized
+        self.ignore = list(ignore)
 
     @classmethod
     def get_name(cls) -> str:
@@ -44,7 +49,10 @@ class W8A8Int8Config(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "W8A8Int8Config":
-        return cls(is_checkpoint_int8_serialized=config.get("quant_method") == cls.get_name())
+        ignore = config.get("ignore") or []
+        if not isinstance(ignore, list) or not all(isinstance(name, str) for name in ignore):
+            raise ValueError(f"quantization_config.ignore must be a list of module names, got {ignore!r}")
+        return cls(is_checkpoint_int8_serialized=config.get("quant_method") == cls.get_name(), ignore=ignore)
 
     def get_quant_method(self, layer: nn.Module):
         from minisgl.layers.linear import LinearBase
@@ -55,6 +63,9 @@ class W8A8Int8Config(QuantizationConfig):
         if isinstance(layer, FusedMoE):
             return W8A8Int8MoEMethod(self)
         return None
+
+    def is_layer_skipped(self, prefix: str, fused_mapping: Mapping[str, list[str]]) -> bool:
+        return should_ignore_layer(prefix, self.ignore, fused_mapping)
 
 
 def _weight_dtype(config: W8A8Int8Config, params_dtype: torch.dtype) -> torch.dtype:
