@@ -302,3 +302,35 @@ def test_release_ends_the_calling_threads_openmp_workers():
     thread.start()
     thread.join()
     assert result == {"before": result["before"], "released": True, "after": result["before"] - 1, "threads": 2}
+
+
+def test_a_scheduler_thread_still_in_a_step_at_shutdown_ends_the_forward_thread_itself(tiny_llama):
+    """The server's ThreadedDriver.shutdown waits `timeout` for the scheduler thread. If a step is
+    still running then, the thread finishes it and ends the forward thread as it exits: it is the
+    only thread that submits forwards, so the caller must not end the forward thread under it (that
+    step's submit failed, and the request in it was aborted with an internal error)."""
+    from minisgl.managers.scheduler_driver import ReqState, ThreadedDriver
+    from minisgl.server_args import ServerArgs
+
+    driver = ThreadedDriver(ServerArgs(model_path=tiny_llama, disable_overlap_schedule=False, max_total_tokens=2048))
+    scheduler, entered, gate = driver.scheduler, threading.Event(), threading.Event()
+    step = scheduler.step
+
+    def held_step():
+        entered.set()
+        gate.wait(60)
+        return step()
+
+    scheduler.step = held_step
+    params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    state = ReqState(None)  # no event loop: outputs collect in state.items
+    driver.send([TokenizedGenerateReqInput("held", None, [5, 6, 7], params)], state)
+    assert entered.wait(60)
+    driver.shutdown(timeout=0.1)  # the scheduler thread is inside its step: the join times out
+    gate.set()
+    driver.thread.join(60)
+    assert not driver.thread.is_alive() and driver.error is None
+    assert not any(t.is_alive() for t in scheduler.forward_executor._threads)
+    # The held request's step ran; then the stop reached it (SchedulerStoppedError), not an abort.
+    aborted = [o for o in state.items if getattr(o, "finished", False) and "abort" in str(o.meta_info["finish_reason"])]
+    assert not aborted, aborted

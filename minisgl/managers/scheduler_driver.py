@@ -266,6 +266,10 @@ class ThreadedDriver(_Driver):
                 self.on_fatal_error()
         finally:
             self._fail_everything_left()
+            # Here, not in shutdown(): this thread is the only one that submits forwards, and a
+            # shutdown whose join timed out would end the overlap loop's forward thread under the
+            # step still running (its submit failed, and its requests were aborted).
+            self.scheduler.shutdown()
 
     def _process_inbox(self) -> bool:
         """SGLang's recv_requests + process_input_requests; False once the shutdown message is read."""
@@ -297,9 +301,12 @@ class ThreadedDriver(_Driver):
             state.put(error)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the scheduler after its current step; requests still waiting get an error."""
+        """Stop the scheduler after its current step; requests still waiting get an error. The
+        scheduler thread ends the scheduler's own threads as it exits (_event_loop), also when that
+        comes after `timeout`."""
         with self.lock:
             if not self.closed:
                 self.inbox.put(_SHUTDOWN)
         self.thread.join(timeout)
-        self.scheduler.shutdown()
+        if self.thread.is_alive():
+            logger.warning("the scheduler thread is still in a step after %.0f s; it stops when the step ends", timeout)
