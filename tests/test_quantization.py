@@ -219,3 +219,21 @@ def test_an_ignore_list_that_splits_a_fused_layer_or_names_experts_is_refused(tm
     moe_int8 = _with_quant_config(moe, tmp_path / "moe", {"quant_method": "w8a8_int8", "ignore": ["mlp.experts"]})
     with pytest.raises(NotImplementedError, match="model.layers.0.mlp.experts: .* keeps this FusedMoE in float"):
         Engine(model_path=moe_int8, max_total_tokens=1024)
+
+
+def test_an_ignore_list_under_tensor_parallelism(tmp_path):
+    """Each rank re-creates its ignored layers' shards in float: TP 2 gives TP 1's greedy tokens
+    (qwen2, whose q/k/v biases stay float either way)."""
+    ignore = ["down_proj", r"re:model\.layers\.1\.self_attn\.[qkv]_proj"]
+    path = str(quantize_checkpoint(tiny_model_dir("qwen2"), tmp_path / "w8a8", ignore=ignore))
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    outputs = []
+    for tp_size in (1, 2):
+        engine = Engine(model_path=path, tp_size=tp_size, max_total_tokens=1024)
+        try:
+            outputs.append(
+                [o["output_ids"] for o in engine.generate(prompt=["Hello", "The river rose"], sampling_params=params)]
+            )
+        finally:
+            engine.shutdown()
+    assert outputs[0] == outputs[1]
