@@ -267,9 +267,9 @@ def request_life(llama: str) -> list[dict]:
 
 
 def quant_blocks(llama: str) -> dict:
-    """Chapter 8 (quantization): the first 32 weights of one row of a real layer, stored in each GGUF
-    block type minisgl multiplies and in W8A8's int8 row, with the fields read back from the stored
-    bytes and the weights minisgl's own decoders (ggml_dequantize, the int8 scale) make of them.
+    """Chapter 6 (quantization): the first 32 weights of one row of the tiny Llama's down_proj, stored
+    in each GGUF block type minisgl multiplies and in W8A8's int8 row, with the fields read back from
+    the stored bytes and the weights minisgl's own decoders (ggml_dequantize, the int8 scale) make of them.
     The blocks are written by the `gguf` package's quantizer, llama.cpp's reference rounding."""
     import numpy as np
     import torch
