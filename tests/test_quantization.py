@@ -237,3 +237,28 @@ def test_an_ignore_list_under_tensor_parallelism(tmp_path):
         finally:
             engine.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_windowed_ppl_ratio_spreads_its_windows_and_pools_their_logs(monkeypatch, tmp_path):
+    """quant_accuracy --text: the windows run from the text's start to its end, each is scored by both
+    engines, and the ratio is the geometric mean of the windows' ratios; Markdown code blocks are
+    not scored."""
+    from minisgl.tools import quant_accuracy
+
+    seen = []
+
+    def fake_perplexity(engine, ids):  # the "quantized" engine is 1.1x or 1.2x worse, window by window
+        seen.append((engine, ids[0], len(ids)))
+        return 10.0 * (1.1 if ids[0] < 50 else 1.2) if engine == "quant" else 10.0
+
+    monkeypatch.setattr(quant_accuracy, "perplexity", fake_perplexity)
+    ratio, each = quant_accuracy.windowed_ppl_ratio("float", "quant", list(range(100)), windows=3, window=20)
+    assert [first for engine, first, n in seen if engine == "quant"] == [0, 40, 80] and {n for *_, n in seen} == {20}
+    assert each == pytest.approx([1.1, 1.1, 1.2]) and ratio == pytest.approx((1.1 * 1.1 * 1.2) ** (1 / 3))
+    page = tmp_path / "page.md"
+    page.write_text("Prose before.\n```python\ncode()\n```\nProse after.\n")
+    assert "code()" not in quant_accuracy.read_texts([str(page)]) and "Prose after" in quant_accuracy.read_texts(
+        [str(page)]
+    )
+    with pytest.raises(ValueError, match="fewer than one window"):
+        quant_accuracy.windowed_ppl_ratio("float", "quant", list(range(10)), windows=3, window=20)

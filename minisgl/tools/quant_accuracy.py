@@ -2,6 +2,7 @@
 
     python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization w8a8_int8
     python -m minisgl.tools.quant_accuracy --model SRC --quant-model DST   # an offline checkpoint
+    python -m minisgl.tools.quant_accuracy --model SRC --quant-model DST --text README.md docs/chapters/*[^h].md
     python -m minisgl.tools.quant_accuracy --dtype bfloat16 --kv-cache-dtype fp8_e5m2   # a KV pool dtype alone
     python -m minisgl.tools.quant_accuracy --model SmolLM2-135M-Instruct --quantization gguf \
         --llama-perplexity .venv-llamacpp/bin/llama-perplexity               # beside llama.cpp's
@@ -18,6 +19,10 @@ Both models score the same fixed text (benchmarks/data/perplexity_text.txt, publ
 - with --dither-seeds N: that ratio again under N dithers (each run's embeddings times
   1 + eps * randn), their mean and spread: on a short text one ratio is one draw of which
   activations round up, and it moves by percents from draw to draw;
+- with --text FILE...: the ratio on other text, longer than the fixed one and not the text a
+  choice was tuned on (say, which layers to keep in float): --windows windows of --window tokens
+  spread over the files (fenced code blocks dropped from Markdown), the ratio of their summed
+  log-perplexities (:func:`windowed_ppl_ratio`);
 - with --llama-perplexity (a GGUF model; the binary scripts/setup_llama_cpp.sh builds): the text's
   perplexity measured llama.cpp's way by both engines, :func:`chunked_perplexity` in minisgl and
   llama-perplexity on the same .gguf file, side by side (the target: within 0.5%).
@@ -183,6 +188,24 @@ def dithered_ppl_ratios(float_engine: Engine, quant_engine: Engine, ids: list[in
     return ratios
 
 
+def windowed_ppl_ratio(float_engine: Engine, quant_engine: Engine, ids: list[int], windows: int, window: int):
+    """exp(mean over windows of log ppl_quant - log ppl_float), `windows` windows of `window` tokens
+    spread evenly over ids (each scored on its own, from its first token), and each window's ratio."""
+    if len(ids) < window:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than one window of {window}")
+    step = (len(ids) - window) // max(windows - 1, 1)
+    logs = [
+        math.log(perplexity(quant_engine, part)) - math.log(perplexity(float_engine, part))
+        for part in (ids[i * step : i * step + window] for i in range(windows))
+    ]
+    return math.exp(sum(logs) / len(logs)), [math.exp(x) for x in logs]
+
+
+def read_texts(paths: list[str]) -> str:
+    """The files' text, Markdown's fenced code blocks dropped (prose is what perplexity should score)."""
+    return "\n\n".join(re.sub(r"```.*?```", "", pathlib.Path(p).read_text(encoding="utf-8"), flags=re.S) for p in paths)
+
+
 def chunked_perplexity(engine: Engine, ids: list[int], n_ctx: int, bos_id: Optional[int] = None) -> float:
     """Perplexity as llama-perplexity computes it (tools/perplexity/perplexity.cpp, perplexity()):
     the tokens cut into len // n_ctx chunks of n_ctx, each run on its own (the first token
@@ -254,6 +277,9 @@ def main() -> None:
     parser.add_argument("--llama-perplexity", default=None, help="llama.cpp's llama-perplexity, to compare with")
     parser.add_argument("--llama-ctx", type=int, default=128, help="its -c: the text holds two such chunks or more")
     parser.add_argument("--dither-seeds", type=int, default=0, help="also the perplexity ratio under N dithers")
+    parser.add_argument("--text", nargs="+", default=[], help="also the ratio over windows of these files")
+    parser.add_argument("--windows", type=int, default=24, help="how many windows of --text")
+    parser.add_argument("--window", type=int, default=512, help="tokens per window of --text")
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
@@ -286,6 +312,11 @@ def main() -> None:
             spread = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
             print(f"ppl_ratio over {len(ratios)} dithers: mean {statistics.mean(ratios):.6f}, standard deviation "
                   f"{spread:.6f}, from {min(ratios):.6f} to {max(ratios):.6f}")  # fmt: skip
+        if args.text:
+            ids = float_engine.tokenizer.encode(read_texts(args.text))
+            ratio, each = windowed_ppl_ratio(float_engine, quant_engine, ids, args.windows, args.window)
+            print(f"ppl_ratio over {len(each)} windows of {args.window} tokens of --text: {ratio:.6f} (windows "
+                  f"from {min(each):.6f} to {max(each):.6f})")  # fmt: skip
         if args.llama_perplexity:  # the file the GGUF run's config.json points at (model_loader/gguf.py)
             config = json.loads((pathlib.Path(resolve_model_path(args.model, "gguf")) / "config.json").read_text())
             gguf_file = config["quantization_config"]["gguf_file"]
