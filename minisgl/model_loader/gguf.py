@@ -10,8 +10,11 @@ model_loader/loader.py:1964, and weight_utils.py:969).
 
 The float path stays for the default alias without ``--quantization`` (what the HF-parity tests
 and golden traces use) and for a .gguf file given another scheme: :func:`convert_gguf` converts
-the file once with transformers' GGUF support (which dequantizes every tensor and undoes
-llama.cpp's q/k row permutation) into float32 safetensors. Both kinds of folder are cached under
+the file once into float32 safetensors, reading it with the same tensor table as the quantized
+path (names, llama.cpp's q/k row permutation undone) and dequantizing each matrix with gguf-py,
+the function transformers' own GGUF loader calls (tests/test_gguf_conversion.py checks the two
+agree). Building transformers' model to do it, as minisgl once did, needs accelerate installed
+and the whole float model in memory. Both kinds of folder are cached under
 ``$MINISGL_CACHE_DIR`` or ``~/.cache/minisgl``.
 """
 
@@ -111,51 +114,44 @@ def _build_once(out: pathlib.Path, write: Callable[[pathlib.Path], None]) -> pat
 
 
 def _write_hf_folder(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
-    # Imported here: resolving a plain folder path should not pay for transformers.
+    # Imported here: resolving a plain folder path should not pay for them.
+    from gguf import dequantize
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = gguf_path.parent, gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-
-    # transformers refuses save_pretrained on a model it loaded from GGUF, although
-    # the tensors are already plain float32; write the same files by hand.
-    state_dict = model.state_dict()
-    if model.config.tie_word_embeddings:
-        # lm_head shares embed_tokens' storage; checkpoints store the tensor once.
-        state_dict.pop("lm_head.weight", None)
-    tensors = {k: v.contiguous() for k, v in state_dict.items()}
+    config = _write_metadata(gguf_path, out)
+    tensors = {}
+    for name, tensor, data in _gguf_tensors(str(gguf_path), config):
+        if len(tensor.dims) > 1:  # rows of blocks (or of a float type's bytes) -> float32 rows
+            data = torch.from_numpy(dequantize(data.numpy(), tensor.tensor_type))
+        # A tied LM head has no tensor of its own in the file, so none is written, as checkpoints do.
+        tensors[name] = data.float().contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-
-    config = model.config
-    del config.quantization_config
-    # GGUF metadata names no HF class, and engines pick the model class from this.
-    config.architectures = [type(model).__name__]
-    config.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    _save_tokenizer(tokenizer, config, out)
-
-
-def _save_tokenizer(tokenizer, config, out: pathlib.Path) -> None:
-    # The GGUF tokenizer has no length limit; the model's context is the honest one.
-    tokenizer.model_max_length = config.max_position_embeddings
-    tokenizer.save_pretrained(out)
 
 
 def _write_config(gguf_path: pathlib.Path, out: pathlib.Path) -> None:
+    # What ModelConfig settles --quantization from, and where GGUFConfig finds the blocks.
+    _write_metadata(gguf_path, out, quantization_config={"quant_method": "gguf", "gguf_file": str(gguf_path)})
+
+
+def _write_metadata(gguf_path: pathlib.Path, out: pathlib.Path, quantization_config: Optional[dict] = None):
+    """config.json, generation_config.json and the tokenizer, from the file's metadata; returns the config."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     folder, name = gguf_path.parent, gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # GGUF metadata names no HF class, and engines pick the model class from this.
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    config.dtype = torch.float32  # as the float conversion: the activations' dtype under "auto"
-    # What ModelConfig settles --quantization from, and where GGUFConfig finds the blocks.
-    config.quantization_config = {"quant_method": "gguf", "gguf_file": str(gguf_path)}
+    config.dtype = torch.float32  # the float folder's weights; under "auto", the activations' dtype
+    if quantization_config is not None:
+        config.quantization_config = quantization_config
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
-    _save_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name), config, out)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # The GGUF tokenizer has no length limit; the model's context is the honest one.
+    tokenizer.model_max_length = config.max_position_embeddings
+    tokenizer.save_pretrained(out)
+    return config
 
 
 # llama.cpp's tensor names (convert_hf_to_gguf.py) -> HF's, for the Llama family: llama, qwen2 and
@@ -204,6 +200,20 @@ def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -
     which reads through gguf-py's GGUFReader; minisgl reads the file with plain reads instead
     (gguf_tensors.py says why)."""
     from minisgl.layers.quantization.gguf_kernel import check_supported
+
+    for name, tensor, data in _gguf_tensors(gguf_file, hf_config, check_matrix=check_supported):
+        if len(tensor.dims) == 1:
+            yield name, data.to(dtype)
+            continue
+        # A matrix comes as its rows' bytes, the blocks (or an unquantized type's values) as stored.
+        yield name.replace("weight", "qweight_type"), torch.tensor(tensor.tensor_type)
+        yield name.replace("weight", "qweight"), data
+
+
+def _gguf_tensors(gguf_file: str, hf_config, check_matrix: Optional[Callable[[int, str], object]] = None):
+    """(HF name, table entry, data as read_tensor gives it) for every tensor of the file, llama's
+    q/k rows back in HF's order. Every name (and, given ``check_matrix``, every matrix's block
+    type) is checked before the first tensor is read, so a file minisgl cannot take fails at once."""
     from minisgl.model_loader.gguf_tensors import read_tensor, read_tensor_table
 
     with open(gguf_file, "rb") as f:
@@ -211,24 +221,18 @@ def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -
         arch = metadata.get("general.architecture")
         if arch not in ("llama", "qwen2", "qwen3"):
             raise NotImplementedError(
-                f"{gguf_file}: GGUF architecture {arch!r}: minisgl keeps llama, qwen2 and qwen3 quantized"
+                f"{gguf_file}: GGUF architecture {arch!r}: minisgl reads llama, qwen2 and qwen3 files"
             )
         for tensor in tensors:
             if _hf_name(tensor.name) is None:
                 raise ValueError(
                     f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}"
                 )
-            if len(tensor.dims) > 1:
-                check_supported(tensor.tensor_type, tensor.name)
+            if check_matrix is not None and len(tensor.dims) > 1:
+                check_matrix(tensor.tensor_type, tensor.name)
         heads = {"attn_q": hf_config.num_attention_heads, "attn_k": hf_config.num_key_value_heads}
         for tensor in tensors:
-            name, data = _hf_name(tensor.name), read_tensor(f, tensor)
-            if len(tensor.dims) == 1:
-                yield name, data.to(dtype)
-                continue
-            # A matrix comes as its rows' bytes, the blocks (or an unquantized type's values) as stored.
-            kind = tensor.name.split(".")[-2]
-            if arch == "llama" and kind in heads:
+            data, kind = read_tensor(f, tensor), tensor.name.split(".")[-2]
+            if arch == "llama" and len(tensor.dims) > 1 and kind in heads:
                 data = _reverse_permute(data, heads[kind])
-            yield name.replace("weight", "qweight_type"), torch.tensor(tensor.tensor_type)
-            yield name.replace("weight", "qweight"), data
+            yield _hf_name(tensor.name), tensor, data
