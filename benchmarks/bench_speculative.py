@@ -28,7 +28,9 @@ plain decoding in the same dtype and batch size, the accept length (tokens per t
 forward, SGLang's spec_accept_length), the accept rate (draft tokens kept / drafted), the
 draft and verify time per round (draft = the worker's draft + draft extend after verify;
 wall time of those methods, measured by wrapping them in this process; the draft extend runs
-inside verify and is counted once, in draft, so the two add up to the worker's round), and whether the
+inside verify and is counted once, in draft, so the two add up to the worker's round), the part
+of that round spent inside the target's and the draft's forwards, graph replays included ("model
+ms"; the rest of draft + verify is Python and small torch calls around them), and whether the
 output equals plain decoding's token for token (it must, greedy; bfloat16 rounds the
 verify's batched positions differently from single steps, so a near-tie may flip there).
 
@@ -83,7 +85,10 @@ QUESTIONS = [
 
 @contextlib.contextmanager
 def phase_timer(timings: dict):
-    """Accumulate the wall time of the speculative workers' draft and verify methods (in-process scheduler)."""
+    """Accumulate the wall time of the speculative workers' draft and verify methods (in-process
+    scheduler), and of the model forwards inside them (graph replays included) as "model"."""
+    from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+    from minisgl.model_executor.model_runner import ModelRunner
     from minisgl.speculative.eagle_worker import EAGLEWorker
     from minisgl.speculative.standalone_worker import StandaloneWorker
 
@@ -91,13 +96,19 @@ def phase_timer(timings: dict):
     # counted there and taken out of verify's (before, a round's draft + verify counted it twice).
     phases = {"draft": "draft", "forward_draft_extend_after_decode": "draft", "verify": "verify"}
     originals = [(cls, name, getattr(cls, name)) for cls in (EAGLEWorker, StandaloneWorker) for name in phases]
+    # A forward replays its graph inside ModelRunner.forward, EAGLE's draft extend calls the replay
+    # itself: only the outermost of the two is timed, and only inside a round (not a prefill).
+    models = [(ModelRunner, "forward", ModelRunner.forward), (CPUGraphRunner, "replay", CPUGraphRunner.replay)]
+    depth = {"round": 0, "model": 0}
 
     def timed(method, phase, inside_verify):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
+            depth["round"] += 1
             try:
                 return method(*args, **kwargs)
             finally:
+                depth["round"] -= 1
                 seconds = time.perf_counter() - start
                 timings[phase] = timings.get(phase, 0.0) + seconds
                 timings[f"{phase}_calls"] = timings.get(f"{phase}_calls", 0) + 1
@@ -106,12 +117,27 @@ def phase_timer(timings: dict):
 
         return wrapper
 
+    def timed_model(method):
+        def wrapper(*args, **kwargs):
+            if depth["model"] or not depth["round"]:
+                return method(*args, **kwargs)
+            start, depth["model"] = time.perf_counter(), 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth["model"] = 0
+                timings["model"] = timings.get("model", 0.0) + time.perf_counter() - start
+
+        return wrapper
+
     for cls, name, method in originals:
         setattr(cls, name, timed(method, phases[name], inside_verify=name == "forward_draft_extend_after_decode"))
+    for cls, name, method in models:
+        setattr(cls, name, timed_model(method))
     try:
         yield timings
     finally:
-        for cls, name, method in originals:
+        for cls, name, method in originals + models:
             setattr(cls, name, method)
 
 
@@ -148,6 +174,7 @@ def run(model_path: str, prompts: list[str], max_new_tokens: int, batch_size: in
         rounds = max(1, timings.get("verify_calls", 0))
         result["draft_ms"] = 1000 * timings.get("draft", 0.0) / rounds
         result["verify_ms"] = 1000 * timings.get("verify", 0.0) / rounds
+        result["model_ms"] = 1000 * timings.get("model", 0.0) / rounds
     return result
 
 
@@ -160,7 +187,8 @@ def describe(result: dict, base: dict | None) -> str:
         line += (
             f", speedup {result['tok_s'] / base['tok_s']:.2f}x over the best plain run so far, accept length "
             f"{result['accept_length']:.2f}, draft {result['draft_ms']:.1f} ms and verify {result['verify_ms']:.1f} ms "
-            f"per round, same tokens as plain decode: {result['outputs'] == base['outputs']}"
+            f"per round ({result['model_ms']:.1f} of them in model forwards), same tokens as plain decode: "
+            f"{result['outputs'] == base['outputs']}"
         )
     return line
 
@@ -261,16 +289,16 @@ def main() -> None:
     head = (
         f"{'dtype':<8} | {'bs':>3} | {'draft':<30} | {'tok/s':>6} | {'speedup':>7} | {'acc len':>7} | {'acc rate':>8}"
     )
-    print(f"{head} | {'draft ms':>8} | {'verify ms':>9} | same")
+    print(f"{head} | {'draft ms':>8} | {'verify ms':>9} | {'model ms':>8} | same")
     for r in rows:
         if "error" in r:
             print(f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<30} | failed: {r['error']}")
             continue
         spec = (
             f"{r['accept_length']:7.2f} | {r['accept_rate']:8.2f} | {r['draft_ms']:8.1f} | {r['verify_ms']:9.1f} | "
-            f"{r.get('same_tokens')}"
+            f"{r['model_ms']:8.1f} | {r.get('same_tokens')}"
             if "accept_length" in r
-            else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} |"
+            else f"{'':>7} | {'':>8} | {'':>8} | {'':>9} | {'':>8} |"
         )
         label = f"{r['dtype']:<8} | {r['batch_size']:>3} | {r['draft']:<30}"
         print(f"{label} | {r['tok_s']:6.1f} | {r.get('speedup', float('nan')):6.2f}x | {spec}")

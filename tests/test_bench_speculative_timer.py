@@ -47,3 +47,41 @@ def test_the_draft_extend_inside_verify_is_the_drafts_time_not_verifys(monkeypat
     assert timings["verify"] == 2 * 5.0
     assert timings["verify_calls"] == 2
     assert EAGLEWorker.verify is verify  # the timer put the methods back
+
+
+def test_model_time_is_the_outermost_forward_inside_a_round(monkeypatch):
+    from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+    from minisgl.model_executor.model_runner import ModelRunner
+
+    clock = FakeClock()
+    monkeypatch.setattr(bench_speculative.time, "perf_counter", clock)
+    runner, graph = object.__new__(ModelRunner), object.__new__(CPUGraphRunner)
+
+    def replay(self):
+        clock.now += 3.0
+
+    def forward(self):
+        clock.now += 0.5  # the dispatch around the graph
+        CPUGraphRunner.replay(graph)  # looked up at call time: the timer's wrapper, which must not count twice
+
+    def draft(self):
+        clock.now += 1.0  # the tree, in Python
+        CPUGraphRunner.replay(graph)  # EAGLE's draft extend replays its graph itself
+
+    def verify(self):
+        ModelRunner.forward(runner)
+        clock.now += 0.25  # the accept walk
+
+    monkeypatch.setattr(CPUGraphRunner, "replay", replay)
+    monkeypatch.setattr(ModelRunner, "forward", forward)
+    monkeypatch.setattr(EAGLEWorker, "draft", draft)
+    monkeypatch.setattr(EAGLEWorker, "verify", verify)
+    worker = object.__new__(EAGLEWorker)
+    with bench_speculative.phase_timer({}) as timings:
+        ModelRunner.forward(runner)  # a prefill: outside any round, not counted
+        worker.draft()
+        worker.verify()
+    assert timings["draft"] == 4.0
+    assert timings["verify"] == 3.75
+    assert timings["model"] == 3.0 + 3.5  # the draft's replay, then the verify's forward with its replay inside
+    assert ModelRunner.forward is forward and CPUGraphRunner.replay is replay
