@@ -20,11 +20,12 @@
 
 namespace minisgl {
 
-// Asks for every cache line of [p, p + bytes). Decode reads K/V rows from slots scattered over the
-// pool (a request's generated tokens are interleaved with its batch-mates'), which the hardware
-// prefetchers cannot predict; a prefetch only brings one 64-byte line.
+// Asks for every cache line of [p, p + bytes) into L2 (prefetcht1, as the GEMMs' weight prefetches):
+// decode reads K/V rows from slots scattered over the pool, which the hardware prefetchers cannot
+// predict. Into L1 each prefetch held one of L1's few miss buffers until its line arrived, and the
+// next ones waited: 1.4-1.9x slower over random slots (docs/performance.md, "Decode's prefetches").
 inline void prefetch_bytes(const void* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
 }
 
 // Accumulators a tile keeps in registers: 24 of AVX-512's 32, 12 of AVX2's 16 (the rest hold the
