@@ -76,12 +76,15 @@ def int8_scaled_mm_with_quant(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
     """y = x W^T + bias with x quantized per token on the fly; weight as pack_int8_weight left it."""
-    x2d = x.reshape(-1, x.shape[-1])
+    x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if weight.dim() == 3:  # packed: the C++ kernel (quantization, GEMM and epilogue in one call)
+        # weight_scale [N, 1] goes in as it is (the kernel reads N contiguous floats), and the
+        # models' [tokens, hidden] without a reshape and a view: as apply_linear's 2-D path, for
+        # 120 calls a decode step in SmolLM2.
         y = torch.ops.minisgl_kernel.int8_scaled_mm_with_quant(
-            x2d.contiguous(), weight, weight_scale.view(-1), bias, x.dtype, True
+            x2d.contiguous(), weight, weight_scale, bias, x.dtype, True
         )
     else:
         x_q, x_scale = per_token_quant_int8(x2d)
         y = int8_scaled_mm_native(x_q, weight, x_scale, weight_scale, x.dtype, bias)
-    return y.view(*x.shape[:-1], y.shape[-1])
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
