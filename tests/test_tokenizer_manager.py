@@ -165,3 +165,15 @@ def test_a_model_the_thread_cannot_build_fails_the_constructor(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}')
     with pytest.raises(Exception, match="NoSuchForCausalLM"):
         TokenizerManager(ServerArgs(model_path=str(tmp_path)), threaded=True)
+
+
+def test_only_the_inline_driver_shares_the_schedulers_tokenizer(tiny_llama, tm):
+    """Inline, the scheduler runs on the caller's thread and one tokenizer serves both; the server's
+    scheduler thread keeps its own, since a fast tokenizer used from two threads at once fails."""
+    inline = TokenizerManager(ServerArgs(model_path=tiny_llama, max_total_tokens=MAX_TOTAL_TOKENS))
+    try:
+        assert inline.tokenizer is inline.scheduler.tokenizer
+        assert generate(inline, text="Hello", sampling_params=GREEDY)["meta_info"]["completion_tokens"] == 24
+    finally:
+        inline.shutdown()
+    assert tm.tokenizer is not tm.scheduler.tokenizer

@@ -57,7 +57,14 @@ class TokenizerManager:
         self.worker_info = self.scheduler.worker_info  # fixed at start-up, safe to read anywhere
         self.model_config = self.scheduler.model_config
         self.context_len = self.worker_info.max_req_len
-        self.tokenizer = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
+        # Inline, the scheduler runs on this thread and its tokenizer can serve both (one copy fewer:
+        # 13 MB and 0.1 s for SmolLM2's); the server's scheduler thread keeps its own, since an HF
+        # fast tokenizer used from two threads at once fails ("Already borrowed"), and so does a
+        # scheduler in other processes (TP, PP: the driver holds a client, with no tokenizer).
+        shared = None if threaded else getattr(self.scheduler, "tokenizer", None)
+        if shared is None:
+            shared = get_tokenizer(server_args.tokenizer_path or self.model_config.model_path)
+        self.tokenizer = shared
         self.validator = RequestValidator(server_args, self.worker_info, self.model_config.is_moe)
         self.num_aborted_reqs = 0
         # metrics_collector.MetricsCollectors, set by the server under --enable-metrics; None costs nothing.
