@@ -15,6 +15,8 @@ import re
 
 import torch
 
+from minisgl.tools import without_code_blocks
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 INSTRUCTIONS = (
     "Explain this to a beginner: {}",
@@ -35,7 +37,7 @@ def repo_prompts(num_prompts: int, seed: int) -> list[str]:
     for path in files:
         if path.name.endswith(".zh.md") or not path.is_file():
             continue
-        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # no code blocks
+        text = without_code_blocks(path.read_text(encoding="utf-8"))
         text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).replace("`", "")  # links -> their text
         for block in re.split(r"\n\s*\n", text):
             block = " ".join(block.split())

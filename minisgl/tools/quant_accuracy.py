@@ -53,6 +53,7 @@ from minisgl.layers.linear import LinearBase
 from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
 from minisgl.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from minisgl.model_loader.gguf import resolve_model_path
+from minisgl.tools import without_code_blocks
 
 TEXT_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "perplexity_text.txt"
 GREEDY_TOKENS = 16
@@ -203,7 +204,7 @@ def windowed_ppl_ratio(float_engine: Engine, quant_engine: Engine, ids: list[int
 
 def read_texts(paths: list[str]) -> str:
     """The files' text, Markdown's fenced code blocks dropped (prose is what perplexity should score)."""
-    return "\n\n".join(re.sub(r"```.*?```", "", pathlib.Path(p).read_text(encoding="utf-8"), flags=re.S) for p in paths)
+    return "\n\n".join(without_code_blocks(pathlib.Path(p).read_text(encoding="utf-8")) for p in paths)
 
 
 def chunked_perplexity(engine: Engine, ids: list[int], n_ctx: int, bos_id: Optional[int] = None) -> float:
