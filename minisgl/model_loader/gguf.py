@@ -138,10 +138,16 @@ def _write_metadata(gguf_path: pathlib.Path, out: pathlib.Path, quantization_con
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from minisgl.model_loader.gguf_tensors import read_tensor_table
+
     folder, name = gguf_path.parent, gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     # GGUF metadata names no HF class, and engines pick the model class from this.
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    if config.model_type == "qwen3_moe":  # transformers 5.25 leaves the experts' width at its default, 768
+        with open(gguf_path, "rb") as f:
+            metadata, _ = read_tensor_table(f, ("qwen3moe.expert_feed_forward_length",))
+        config.moe_intermediate_size = int(metadata["qwen3moe.expert_feed_forward_length"])
     config.dtype = torch.float32  # the float folder's weights; under "auto", the activations' dtype
     if quantization_config is not None:
         config.quantization_config = quantization_config
@@ -154,10 +160,11 @@ def _write_metadata(gguf_path: pathlib.Path, out: pathlib.Path, quantization_con
     return config
 
 
-# llama.cpp's tensor names (convert_hf_to_gguf.py) -> HF's, for the Llama family: llama, qwen2 and
-# qwen3 name their weights alike. SGLang derives this map from a meta-device HF model
+# llama.cpp's tensor names (convert_hf_to_gguf.py) -> HF's, for the Llama family: llama, qwen2,
+# qwen3 and qwen3moe name their weights alike. SGLang derives this map from a meta-device HF model
 # (GGUFModelLoader._get_gguf_weights_map); the table saves importing transformers' model code,
 # about 120 MB of this process's memory.
+_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")
 _GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _GGUF_BLOCK = {
     "attn_norm": "input_layernorm",
@@ -171,14 +178,20 @@ _GGUF_BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the router
 }
+# A MoE layer's experts, one tensor per kind: [experts, rows, row bytes], HF's experts.{e}.* each.
+_GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 
-def _hf_name(gguf_name: str) -> Optional[str]:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for a name not in the tables."""
+def _hf_name(gguf_name: str, expert: int = 0) -> Optional[str]:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight', 'blk.3.ffn_up_exps.weight'
+    -> 'model.layers.3.mlp.experts.{expert}.up_proj.weight'; None for a name not in the tables."""
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_BLOCK:
         return f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_EXPERTS:
+        return f"model.layers.{parts[1]}.mlp.experts.{expert}.{_GGUF_EXPERTS[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GGUF_TOP:
         return f"{_GGUF_TOP[parts[0]]}.{parts[1]}"
     return None
@@ -219,14 +232,19 @@ def _gguf_tensors(gguf_file: str, hf_config, check_matrix: Optional[Callable[[in
     with open(gguf_file, "rb") as f:
         metadata, tensors = read_tensor_table(f, ("general.architecture", "general.alignment"))
         arch = metadata.get("general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3"):
-            raise NotImplementedError(
-                f"{gguf_file}: GGUF architecture {arch!r}: minisgl reads llama, qwen2 and qwen3 files"
-            )
+        if arch not in _GGUF_ARCHS:
+            readable = ", ".join(_GGUF_ARCHS)
+            raise NotImplementedError(f"{gguf_file}: GGUF architecture {arch!r}: minisgl reads {readable}")
         for tensor in tensors:
             if _hf_name(tensor.name) is None:
                 raise ValueError(
                     f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}"
+                )
+            if check_matrix is not None and tensor.name.split(".")[-2] in _GGUF_EXPERTS:
+                # GGUFConfig gives linear layers their method; FusedMoE takes no GGUF one yet.
+                raise NotImplementedError(
+                    f"{gguf_file}: {tensor.name!r}: MoE experts kept quantized (--quantization gguf) are not "
+                    "supported; serve the float conversion (minisgl.model_loader.gguf.convert_gguf) instead"
                 )
             if check_matrix is not None and len(tensor.dims) > 1:
                 check_matrix(tensor.tensor_type, tensor.name)
@@ -235,4 +253,8 @@ def _gguf_tensors(gguf_file: str, hf_config, check_matrix: Optional[Callable[[in
             data, kind = read_tensor(f, tensor), tensor.name.split(".")[-2]
             if arch == "llama" and len(tensor.dims) > 1 and kind in heads:
                 data = _reverse_permute(data, heads[kind])
+            if kind in _GGUF_EXPERTS:  # one stacked tensor -> one per expert, as HF checkpoints hold them
+                for expert in range(data.shape[0]):
+                    yield _hf_name(tensor.name, expert), tensor, data[expert]
+                continue
             yield _hf_name(tensor.name), tensor, data
