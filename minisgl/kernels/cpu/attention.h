@@ -166,11 +166,11 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
 // On the bf16 path, with `brgemm`, Q . K^T goes to AMX's tiles instead (scores_by_brgemm); the
-// caller releases them.
+// caller releases them. V rows (v_buf) are only prefetched here, for pass 3.
 template <int kDim, bool kDp, typename kv_t>
-void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const int32_t* token_slots,
-                    int64_t head_begin, int64_t heads, int64_t rows_per_head, int64_t kv_len, int64_t ld,
-                    int64_t start, const KeyReuse& who, bool brgemm) {
+void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const kv_t* v_buf,
+                    const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
+                    int64_t kv_len, int64_t ld, int64_t start, const KeyReuse& who, bool brgemm) {
   const int64_t d = kDim ? kDim : a.head_dim;
   for (int64_t h = 0; h < heads; ++h) {
     if (who.call < 0 || sc.kt_call != who.call || sc.kt_request != who.request || sc.kt_head != head_begin + h) {
@@ -184,6 +184,12 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
       float* kt = sc.keys_t.data() + t0 * d;  // block t0 / kKeyBlock: [d][kKeyBlock], float32
       uint32_t* kw = kDp ? sc.keys_w.data() + t0 * d / 2 : nullptr;  // or [d / 2][kKeyBlock] pairs
       if (t0 + n > sc.kt_keys) {  // a block not transposed yet, or only in part
+        // The next block's K and V rows, into L2: a prefix (a verify's context, a radix hit) lies in
+        // scattered slots, as decode's keys do (docs/performance.md, "Decode's prefetches go to L2").
+        for (int64_t t = t0 + kKeyBlock; t < std::min(t0 + 2 * kKeyBlock, kv_len); ++t) {
+          prefetch_bytes(k_buf + token_slots[t] * a.k_slot_stride + (head_begin + h) * d, d * sizeof(kv_t));
+          prefetch_bytes(v_buf + token_slots[t] * a.v_slot_stride + (head_begin + h) * d, d * sizeof(kv_t));
+        }
         if constexpr (kDp) {
           const kv_t* block[kKeyBlock];
           for (int64_t t = 0; t < n; ++t) block[t] = k_buf + token_slots[t0 + t] * a.k_slot_stride + (head_begin + h) * d;
@@ -326,7 +332,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   // 1. scores[r][t] = q_r . k_t for the keys each row sees (entries past that are never used).
   const int64_t ld = round_up(kv_len, kKeyBlock);
   const auto tiles = [&]<bool kDp>() {
-    scores_by_tile<kDim, kDp, kv_t>(a, sc, k_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
+    scores_by_tile<kDim, kDp, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
                                     prefix + first, who, brgemm);
   };
   if (!by_tile) {
