@@ -146,7 +146,8 @@ def check_vnni_gemm(dtype, rows, with_bias, k=70):
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 31, 32, 33, 100])  # tile and block edges
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_vnni_gemm_matches_float64(rows, with_bias):
-    """vdpbf16ps for up to 4 rows; above that, AMX tiles where the CPU has them, else vdpbf16ps."""
+    """vdpbf16ps for up to 3 rows; from 4, AMX tiles where the CPU has them (gemm_amx.h's
+    AMX_TILES_MIN_ROWS), else vdpbf16ps."""
     needs("avx512_bf16")
     check_vnni_gemm(torch.bfloat16, rows, with_bias)
 
@@ -173,6 +174,23 @@ def test_bf16_brgemm_matches_float64(rows, monkeypatch):
     takes it on any avx512_bf16 CPU (oneDNN then multiplies with vdpbf16ps instead of AMX tiles)."""
     force_brgemm(monkeypatch, torch.bfloat16)
     check_vnni_gemm(torch.bfloat16, rows, True)
+
+
+@pytest.mark.parametrize("k", [64, 192])
+def test_bf16_amx_tiles_take_four_rows(k, monkeypatch):
+    """From AMX_TILES_MIN_ROWS (4) rows, one fewer than brgemm takes, the own tiles multiply: 4 rows,
+    multiplied from the zero-padded copy of a 16-row tile, against float64 and bit for bit against the
+    same rows inside a full 16-row tile (a tile row's sums never depend on the other rows). vdpbf16ps
+    gives the same bits on such inputs, so this checks the 4-row path's results, not which engine ran."""
+    needs("amx_bf16")
+    monkeypatch.delenv("MINISGL_BRGEMM", raising=False)
+    four = check_vnni_gemm(torch.bfloat16, 4, True, k)
+    g = torch.Generator().manual_seed(4)  # check_vnni_gemm's inputs, with 12 more rows
+    weight = torch.randn(96, k, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16()
+    x = torch.cat([torch.randn(4, k + 10, generator=g).bfloat16()[:, 3 : k + 3], torch.randn(12, k).bfloat16()])
+    block = ops.weight_packed_linear(x, ops.convert_weight_packed_vnni(weight), bias)
+    assert torch.equal(four, block[:4])
 
 
 @pytest.mark.parametrize("rows", [5, 16, 17, 33, 47, 130])  # one or two 16-row tiles, padded tails, two chunks

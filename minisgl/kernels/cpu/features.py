@@ -18,7 +18,7 @@ import torch
 
 # minisgl's name (the /proc/cpuinfo flag) -> torch's name for it (torch._C._cpu._get_cpu_capability()).
 _FEATURES = {
-    "amx_bf16": "amx_bf16",  # AMX tiles with bf16 dot products: at::native::cpublas::brgemm, M > 4
+    "amx_bf16": "amx_bf16",  # AMX tiles with bf16 dot products: minisgl's own from M = 4, brgemm M > 4
     "amx_fp16": "amx_fp16",  # the same for fp16 (Granite Rapids onwards)
     "amx_int8": "amx_int8",  # the same for W8A8-int8 (u8 x s8 -> s32 tiles), M > 4
     "avx512_bf16": "avx512_bf16",  # vdpbf16ps: the small-M bf16 GEMM
@@ -91,7 +91,7 @@ def _onednn_may_use_amx() -> bool:
 def vnni_gemm_engine(dtype: torch.dtype) -> str | None:
     """The feature that multiplies a VNNI-packed ``dtype`` weight here, or None where none does.
 
-    bf16 needs vdpbf16ps (every AMX CPU has it too; with AMX, batches over 4 rows go to the tiles);
+    bf16 needs vdpbf16ps (every AMX CPU has it too; with AMX, batches of 4 rows or more go to the tiles);
     fp16 needs AMX-FP16, since there is no fp16 counterpart of vdpbf16ps.
     """
     features = cpu_features()

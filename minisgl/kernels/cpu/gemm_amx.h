@@ -99,6 +99,15 @@ MINISGL_AMX_BF16 inline void block_amx_bf16(const at::BFloat16* const (&a)[2], c
   rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, lda, panel, K, scratch) : tile_amx_bf16<1>(a, lda, panel, K, scratch);
 }
 
+// Rows from which the dense bf16 GEMM multiplies on these tiles: 4, one row fewer than sgl-kernel's
+// can_use_brgemm (M > 4), which weighs oneDNN's per-call setup. A 4-row block fills a quarter of each
+// A tile, but the tiles keep up with the weights streaming from DRAM where vdpbf16ps falls behind: on a
+// 2-core Xeon with AMX (family 6 model 167), bench_one_batch.py's bfloat16 decode at 4 streams gave
+// 62.7 and 64.3 tok/s a stream on vdpbf16ps, 68.9 and 68.1 on the tiles (graph runner, alternated);
+// at 3 streams the two were level (52.3 and 52.0, 52.1 and 51.5, without the graph runner), and at 2
+// the tiles were slower (50.4 and 53.2 against 55.2 and 55.5).
+constexpr int64_t AMX_TILES_MIN_ROWS = 4;
+
 // Whether blocks that use_brgemm sends to the AMX path (`brgemm`) go to these tile loops instead: on a
 // CPU with the tiles for the dtype (`amx`), for a K of whole tile rows, unless MINISGL_BRGEMM=1 names
 // oneDNN's brgemm. The dense bf16 and int8 GEMMs and the bf16 fused MoE ask the same question.

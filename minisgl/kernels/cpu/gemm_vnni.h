@@ -8,7 +8,8 @@
 //   - AMX: at::native::cpublas::brgemm hands a block of rows and a panel to oneDNN's brgemm
 //     ukernel, which multiplies them with tile instructions into a float32 scratch (sgl-kernel's
 //     brgemm<>). As in sgl-kernel, brgemm takes M > 4 rows for bf16 (below that, setting up the
-//     tiles costs more than vdpbf16ps) and every M for fp16 (AMX-FP16 only).
+//     tiles costs more than vdpbf16ps) and every M for fp16 (AMX-FP16 only); minisgl's own tile
+//     loop, which has no such setup, takes 4 rows too (gemm_amx.h's AMX_TILES_MIN_ROWS).
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
