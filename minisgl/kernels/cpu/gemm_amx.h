@@ -105,7 +105,8 @@ MINISGL_AMX_BF16 inline void block_amx_bf16(const at::BFloat16* const (&a)[2], c
 // 2-core Xeon with AMX (family 6 model 167), bench_one_batch.py's bfloat16 decode at 4 streams gave
 // 62.7 and 64.3 tok/s a stream on vdpbf16ps, 68.9 and 68.1 on the tiles (graph runner, alternated);
 // at 3 streams the two were level (52.3 and 52.0, 52.1 and 51.5, without the graph runner), and at 2
-// the tiles were slower (50.4 and 53.2 against 55.2 and 55.5).
+// the tiles were slower (50.4 and 53.2 against 55.2 and 55.5). The int8 GEMM keeps sgl-kernel's boundary:
+// there the tiles at 3 and 4 rows took 6.3-6.8 ms a pass where vpdpbusd took 5.8-6.3 (bench_gguf_gemm.py).
 constexpr int64_t AMX_TILES_MIN_ROWS = 4;
 
 // Whether blocks that use_brgemm sends to the AMX path (`brgemm`) go to these tile loops instead: on a
