@@ -188,7 +188,8 @@ def test_bf16_amx_tiles_take_four_rows(k, monkeypatch):
     g = torch.Generator().manual_seed(4)  # check_vnni_gemm's inputs, with 12 more rows
     weight = torch.randn(96, k, generator=g).bfloat16()
     bias = torch.randn(96, generator=g).bfloat16()
-    x = torch.cat([torch.randn(4, k + 10, generator=g).bfloat16()[:, 3 : k + 3], torch.randn(12, k).bfloat16()])
+    four_rows = torch.randn(4, k + 10, generator=g).bfloat16()[:, 3 : k + 3]
+    x = torch.cat([four_rows, torch.randn(12, k, generator=g).bfloat16()])
     block = ops.weight_packed_linear(x, ops.convert_weight_packed_vnni(weight), bias)
     assert torch.equal(four, block[:4])
 

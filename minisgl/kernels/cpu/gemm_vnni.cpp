@@ -189,12 +189,12 @@ at::Tensor weight_packed_linear_vnni(const at::Tensor& mat1, const at::Tensor& m
   TORCH_CHECK(runs, "weight_packed_linear: a VNNI-packed ", dtype, " weight needs ",
               dtype == at::kBFloat16 ? "avx512_bf16" : "amx_fp16",
               ", which this CPU lacks (pack it with convert_weight_packed instead)");
-  const bool amx = use_brgemm(e.amx_bf16);
-  const bool brgemm = dtype == at::kBFloat16 ? amx && M > 4 : true;
+  const bool amx_path = use_brgemm(e.amx_bf16);  // AMX's tiles here, or brgemm where MINISGL_BRGEMM=1 asks
+  const bool brgemm = dtype == at::kBFloat16 ? amx_path && M > 4 : true;
   // bf16 blocks meant for AMX go to minisgl's own tiles (gemm_amx.h), from AMX_TILES_MIN_ROWS rows,
   // unless MINISGL_BRGEMM=1 names oneDNN's brgemm or K is not a whole number of tile rows.
   const bool tiles =
-      dtype == at::kBFloat16 && use_own_tiles(amx && M >= AMX_TILES_MIN_ROWS, e.amx_bf16, K % AMX_BLOCK_K == 0);
+      dtype == at::kBFloat16 && use_own_tiles(amx_path && M >= AMX_TILES_MIN_ROWS, e.amx_bf16, K % AMX_BLOCK_K == 0);
   const at::Tensor a = mat1.stride(1) == 1 ? mat1 : mat1.contiguous();
   at::Tensor out = at::empty({M, N}, mat1.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(dtype, "weight_packed_linear_vnni", [&] {
