@@ -212,11 +212,16 @@ def gguf_quant_weights_iterator(gguf_file: str, hf_config, dtype: torch.dtype) -
     name at load. Mirrors SGLang's gguf_quant_weights_iterator (model_loader/weight_utils.py:969),
     which reads through gguf-py's GGUFReader; minisgl reads the file with plain reads instead
     (gguf_tensors.py says why)."""
-    from minisgl.layers.quantization.gguf_kernel import check_supported
+    from minisgl.layers.quantization.gguf_kernel import check_supported, ggml_dequantize
 
     for name, tensor, data in _gguf_tensors(gguf_file, hf_config, check_matrix=check_supported):
         if len(tensor.dims) == 1:
             yield name, data.to(dtype)
+            continue
+        if tensor.name.split(".")[-2] == "ffn_gate_inp":
+            # A MoE router stays in float in minisgl (and in llama.cpp's quantizer, which never
+            # quantizes ffn_gate_inp): its few rows decide which experts run.
+            yield name, ggml_dequantize(data, tensor.tensor_type, dtype)
             continue
         # A matrix comes as its rows' bytes, the blocks (or an unquantized type's values) as stored.
         yield name.replace("weight", "qweight_type"), torch.tensor(tensor.tensor_type)
@@ -239,12 +244,6 @@ def _gguf_tensors(gguf_file: str, hf_config, check_matrix: Optional[Callable[[in
             if _hf_name(tensor.name) is None:
                 raise ValueError(
                     f"{gguf_file}: tensor {tensor.name!r} maps to no parameter of {hf_config.architectures}"
-                )
-            if check_matrix is not None and tensor.name.split(".")[-2] in _GGUF_EXPERTS:
-                # GGUFConfig gives linear layers their method; FusedMoE takes no GGUF one yet.
-                raise NotImplementedError(
-                    f"{gguf_file}: {tensor.name!r}: MoE experts kept quantized (--quantization gguf) are not "
-                    "supported; serve the float conversion (minisgl.model_loader.gguf.convert_gguf) instead"
                 )
             if check_matrix is not None and len(tensor.dims) > 1:
                 check_matrix(tensor.tensor_type, tensor.name)

@@ -12,8 +12,11 @@ Each layer holds one block type. A fused layer (qkv_proj, gate_up_proj) is its s
 after the other, so q, k and v must share a type; SGLang keeps a type per shard and runs one GEMM
 each. Tensor parallelism splits a column-parallel weight by rows and a row-parallel one by whole
 blocks (a split inside a block is refused). The embedding stays quantized too: a lookup
-dequantizes only the rows it reads, and a tied LM head multiplies the same blocks. Omitted:
-MoE experts (GGUFMoEMethod), K- and I-quants, modules_to_not_convert.
+dequantizes only the rows it reads, and a tied LM head multiplies the same blocks. A MoE layer's
+experts stay in their blocks as well (GGUFMoEMethod): one stack per projection, run expert by
+expert through the same GEMM, as SGLang's fused_moe_gguf falls back to where it has no grouped
+kernel for a type. Omitted: SGLang's grouped MoE kernels (ggml_moe_a8, CUDA), K- and I-quants,
+modules_to_not_convert.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from minisgl.layers.quantization.base_config import LinearMethodBase, QuantizationConfig
+from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizationConfig
 from minisgl.layers.quantization.gguf_kernel import apply_gguf_embedding, fused_mul_mat_gguf, row_bytes
 
 
@@ -48,12 +52,15 @@ class GGUFConfig(QuantizationConfig):
 
     def get_quant_method(self, layer: nn.Module):
         from minisgl.layers.linear import LinearBase
+        from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
         from minisgl.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
         if isinstance(layer, LinearBase):
             return GGUFLinearMethod(self)
         if isinstance(layer, VocabParallelEmbedding):
             return GGUFEmbeddingMethod(self)
+        if isinstance(layer, FusedMoE):
+            return GGUFMoEMethod(self)
         return None
 
 
@@ -92,13 +99,71 @@ class GGUFEmbeddingMethod(GGUFLinearMethod):
         return apply_gguf_embedding(ids, layer.qweight, layer.weight_type, self.params_dtype)
 
 
-def _type_loader(qweight: nn.Parameter, shape: tuple[int, int]):
-    """Loads a shard's ggml type id: the first gives qweight its storage, the others must match it."""
+class GGUFMoEMethod(FusedMoEMethodBase):
+    """The experts' blocks, stacked as the file stacks them: w13_qweight [E, 2I, bytes] (gate rows
+    then up rows) and w2_qweight [E, H, bytes], one block type per stack. The layer runs
+    fused_experts_native's loop, each chosen expert's rows through fused_mul_mat_gguf; SGLang's
+    fused_moe_gguf loops over (token, expert) pairs where it lacks a grouped kernel."""
+
+    def __init__(self, quant_config: GGUFConfig) -> None:
+        self.quant_config = quant_config
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        inter = intermediate_size_per_partition
+        shapes = {"w13": (num_experts, 2 * inter, hidden_size), "w2": (num_experts, hidden_size, inter)}
+        loaders = {"w13": extra_weight_attrs["weight_loader"], "w2": _w2_loader(layer)}
+        for name, shape in shapes.items():
+            qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+            qweight.weight_loader = loaders[name]
+            qweight_type = nn.Parameter(torch.full((1,), -1, dtype=torch.int64), requires_grad=False)
+            qweight_type.weight_loader = _type_loader(qweight, shape)
+            setattr(layer, f"{name}_qweight", qweight)
+            setattr(layer, f"{name}_qweight_type", qweight_type)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        layer.w13_type, layer.w2_type = (int(getattr(layer, f"{n}_qweight_type").item()) for n in ("w13", "w2"))
+        # Each expert's (blocks, type), what fused_experts_native's linear takes: its rows are a view
+        # into the stack, made once here rather than on every forward.
+        layer.w13_experts = [(blocks, layer.w13_type) for blocks in layer.w13_qweight.data]
+        layer.w2_experts = [(blocks, layer.w2_type) for blocks in layer.w2_qweight.data]
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return fused_experts_native(
+            x, layer.w13_experts, layer.w2_experts, topk_weights, topk_ids, lambda h, w: fused_mul_mat_gguf(h, *w)
+        )
+
+
+def _w2_loader(layer: nn.Module):
+    """Loads one expert's down_proj blocks [H, bytes]. Under tensor parallelism each rank keeps its
+    share of the input dimension, which is a run of whole blocks (row_bytes refuses a share that
+    would cut one), so the split is in bytes where FusedMoE.weight_loader's is in weights."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        local = param.data[expert_id]
+        width = local.shape[1]
+        local.copy_(loaded.narrow(1, layer.tp_rank * width, width) if loaded.shape[1] != width else loaded)
+
+    return load
+
+
+def _type_loader(qweight: nn.Parameter, shape: tuple[int, ...]):
+    """Loads a shard's ggml type id: the first gives qweight its storage ([..., N, K] weights as
+    [..., N, row bytes]), the others must match it."""
 
     def load(param: nn.Parameter, loaded_type: torch.Tensor, *shard_id) -> None:
         weight_type = int(loaded_type)
         if param.item() == -1:
-            qweight.data = torch.empty(shape[0], row_bytes(weight_type, shape[1]), dtype=torch.uint8)
+            qweight.data = torch.empty(*shape[:-1], row_bytes(weight_type, shape[-1]), dtype=torch.uint8)
             param.data.fill_(weight_type)
         elif param.item() != weight_type:
             raise ValueError(
