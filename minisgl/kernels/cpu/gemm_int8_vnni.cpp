@@ -139,8 +139,11 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
     // GEMMs (107 MB of int8 weights on huge pages, a scratch loop, the two rules switched per call
     // by a temporary environment variable, alternated 15 times): at 8 rows the run with the next
     // pair prefetched took 0.68-0.69 of the time of units without it (runs alone 0.94, the
-    // prefetch alone 0.87), at 5 rows 0.71, at 6 rows 0.73.
-    const int64_t stream_rows = brgemm || tiles ? STREAM_ROWS : INT8_TILE_ROWS;
+    // prefetch alone 0.87), at 5 rows 0.71, at 6 rows 0.73. minisgl's own AMX tiles take runs up to a
+    // whole chunk, as the bf16 tiles do (gemm_vnni.cpp): on a 2-core Xeon with AMX (family 6 model 167),
+    // compiled W8A8 decode steps (benchmarks/profile_loop.py, alternated twice) took 0.97 of the replay at
+    // 16 and at 64 requests.
+    const int64_t stream_rows = tiles ? CHUNK_M : brgemm ? STREAM_ROWS : INT8_TILE_ROWS;
     const int64_t pairs = (panels + 1) / 2;
     for_each_gemm_run(
         M, pairs, CHUNK_M,
