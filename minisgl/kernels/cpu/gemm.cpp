@@ -110,11 +110,16 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
       const auto rows = [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
       };
-      // Up to one tile's rows each panel is read once, by one tile, so each thread streams one run of
-      // panels (for_each_gemm_run), as at STREAM_ROWS. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs
-      // and LM head from DRAM, runs against units alternated in one process (10 rounds a run, median of
-      // the paired ratios): 0.93 and 0.95 of the time at 8 rows, 0.95 at 10 and 12, 0.93 at 6.
-      for_each_gemm_run(M, NB, CHUNK_M, rows, [] {}, MAX_ROWS);
+      // Up to a whole chunk each thread streams one run of panels (for_each_gemm_run), as at STREAM_ROWS:
+      // a run's panels meet all of its rows before the next, as a unit's do. On a 2-core Zen 4 EPYC, up to
+      // one tile's rows (each panel read once, by one tile), SmolLM2's 120 layer GEMMs and LM head from
+      // DRAM, runs against units alternated in one process (10 rounds a run, median of the paired ratios):
+      // 0.93 and 0.95 of the time at 8 rows, 0.95 at 10 and 12, 0.93 at 6. Above that, on a 2-core Xeon
+      // with AMX (family 6 model 167), the 120 layer GEMMs on huge pages in a scratch loop, switched per
+      // call by a temporary variable (three rounds): 0.92, 0.93, 0.94 and 0.94 at 16, 32, 64 and 128 rows;
+      // compiled float32 decode steps (benchmarks/profile_loop.py, alternated three times) 0.92 of the
+      // replay at 16 requests and 0.95 at 64. Not measured above 12 rows on an AMD CPU.
+      for_each_gemm_run(M, NB, CHUNK_M, rows, [] {}, CHUNK_M);
     });
   });
   return out;
