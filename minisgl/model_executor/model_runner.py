@@ -318,7 +318,7 @@ class ModelRunner:
                 raise ValueError(
                     f"enable_torch_compile: {type(m.quant_method).__name__} runs these experts in a loop, "
                     "which CPUGraphRunner cannot trace (the fused CPU kernels need the hidden and "
-                    "intermediate sizes in whole panels; GGUF experts have none)"
+                    "intermediate sizes in whole panels; GGUF experts have no fused kernel)"
                 )
         from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 

@@ -134,7 +134,7 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
       }
     });
     // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to one
-    // vpdpbusd tile's rows (STREAM_ROWS with AMX), one run of pairs per thread, each pair read once
+    // vpdpbusd tile's rows (STREAM_ROWS with oneDNN's brgemm), one run of pairs per thread, each pair read once
     // by one tile, as gemm_vnni.cpp does for bf16. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer
     // GEMMs (107 MB of int8 weights on huge pages, a scratch loop, the two rules switched per call
     // by a temporary environment variable, alternated 15 times): at 8 rows the run with the next
