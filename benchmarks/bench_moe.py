@@ -23,6 +23,10 @@ packed int8 matrices, in the layout this CPU's int8 GEMM takes (k-quads for vpdp
 AVX512-VNNI, else k-pairs for AVX2's vpmaddwd) or the one --w8a8-layout names, as on a CPU whose
 best int8 engine that is.
 
+With --gguf-type, the same layer's experts in GGUF blocks (GGUFMoEMethod, what a qwen3moe file
+served with --quantization gguf holds): the loop over experts through fused_mul_mat_gguf, against
+the float32 engine above on the same (unquantized) experts.
+
 Each --tokens count routes that many tokens by random router logits (top --top-k of --experts),
 so a decode batch touches few experts and a prefill chunk all of them. The weights are one layer's
 (--experts x 3 x hidden x intermediate), small enough that a large L3 may hold much of them: this
@@ -36,6 +40,8 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 from roofline import cpu_name, timings  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from torch import nn
 
@@ -43,6 +49,7 @@ from minisgl.kernels.cpu.features import cpu_features
 from minisgl.layers.linear import apply_linear
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
 from minisgl.layers.quantization import int8_kernel
+from minisgl.layers.quantization.gguf import GGUFMoEMethod
 from minisgl.layers.quantization.int8_kernel import int8_scaled_mm_with_quant
 from minisgl.layers.quantization.unquant import UnquantizedFusedMoEMethod
 from minisgl.layers.quantization.w8a8_int8 import W8A8Int8Config, W8A8Int8MoEMethod
@@ -85,6 +92,7 @@ def main() -> None:
     parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--w8a8-dtype", nargs="*", default=["bfloat16"], help="activation dtypes of a W8A8 layer")
     parser.add_argument("--w8a8-layout", choices=["avx2", "avx512_vnni"], help="default: this CPU's int8 engine")
+    parser.add_argument("--gguf-type", nargs="*", default=[], choices=["Q8_0", "Q4_0", "Q4_1"], help="GGUF experts")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     if args.w8a8_layout:  # what pack_int8_weight asks, answered as on a CPU whose best int8 engine this is
@@ -142,6 +150,37 @@ def main() -> None:
                 f"{name:9} | {tokens:6} | {'fused' if fused else 'loop':6} | {best['engine']:9.3f} | "
                 f"{best['loop']:12.3f} | {best['loop'] / best['engine']:10.2f}x"
             )
+    if args.gguf_type:
+        print("\nGGUF experts, float32 activations | tokens | loop over experts ms | float32 engine ms | loop/engine")
+        float_layer, w13, w2 = make_layer(args.experts, args.hidden, args.intermediate, torch.float32)
+    for name in args.gguf_type:
+        layer = gguf_layer(w13, w2, GGMLQuantizationType[name], args.hidden, args.intermediate)
+        for tokens in args.tokens:
+            x, weights, ids = routed(tokens, args, torch.float32)
+            best = median_ms(
+                {
+                    "gguf": lambda: layer.quant_method.apply(layer, x, weights, ids),
+                    "float": lambda: UnquantizedFusedMoEMethod().apply(float_layer, x, weights, ids),
+                },
+                args.reps,
+            )
+            ratio = best["gguf"] / best["float"]
+            print(f"{name:33} | {tokens:6} | {best['gguf']:20.3f} | {best['float']:17.3f} | {ratio:10.2f}x")
+
+
+def gguf_layer(w13: list, w2: list, weight_type, hidden: int, inter: int) -> nn.Module:
+    """The experts quantized to weight_type's blocks (gguf-py's quantize, llama.cpp's rounding) and
+    loaded as a qwen3moe file's are: a type id, then each expert's blocks."""
+    layer, method = nn.Module(), GGUFMoEMethod(None)
+    layer.quant_method = method
+    method.create_weights(layer, len(w13), hidden, inter, torch.float32, weight_loader=None)
+    for name, experts in (("w13", w13), ("w2", w2)):
+        qweight, qweight_type = getattr(layer, f"{name}_qweight"), getattr(layer, f"{name}_qweight_type")
+        qweight_type.weight_loader(qweight_type, torch.tensor(int(weight_type)))
+        for e, w in enumerate(experts):
+            qweight.data[e].copy_(torch.from_numpy(quantize(w.float().numpy(), weight_type)))
+    method.process_weights_after_loading(layer)
+    return layer
 
 
 def int8_expert(h: torch.Tensor, expert: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
