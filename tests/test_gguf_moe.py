@@ -23,6 +23,7 @@ router, q/k norms. transformers 5.25 cannot be the reference here as it is for S
 minisgl's conversion takes from the file instead, and its model then refuses the weights.
 """
 
+import functools
 import json
 from pathlib import Path
 from typing import Optional
@@ -37,6 +38,7 @@ from safetensors.torch import load_file
 
 from minisgl.entrypoints.engine import Engine
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
+from minisgl.layers.moe.fused_moe_triton.layer import FusedMoE
 from minisgl.layers.quantization.gguf import GGUFMoEMethod
 from minisgl.layers.quantization.gguf_kernel import MMVQ_MAX_ROWS, ggml_dequantize
 from minisgl.model_loader.gguf import convert_gguf
@@ -197,11 +199,12 @@ def test_the_graph_runner_refuses_experts_in_blocks_by_name(quantized):
 
 def test_a_tensor_parallel_rank_keeps_whole_blocks_of_the_down_projection():
     """Under tensor parallelism a rank keeps its share of each expert's intermediate dimension: for
-    down_proj [H, I] that is a run of whole blocks of every row, cut in bytes (FusedMoE.weight_loader
-    cuts float weights in weights)."""
+    down_proj [H, I] that is a run of whole blocks of every row. FusedMoE.weight_loader cuts the
+    parameter's own width, here bytes, where for float experts it is weights."""
     layer = torch.nn.Module()
-    layer.tp_rank = 1  # the second of two ranks: columns 32..63 of I = 64
-    GGUFMoEMethod(None).create_weights(layer, 2, 64, 32, torch.float32, weight_loader=None)
+    layer.tp_rank, layer.intermediate_size_per_partition = 1, 32  # the second of two ranks: columns 32..63 of I = 64
+    loader = functools.partial(FusedMoE.weight_loader, layer)
+    GGUFMoEMethod(None).create_weights(layer, 2, 64, 32, torch.float32, weight_loader=loader)
     layer.w2_qweight_type.weight_loader(layer.w2_qweight_type, torch.tensor(int(T.Q4_1)), "w2", 1)
     full = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     blocks = torch.from_numpy(quantize(full, T.Q4_1))  # [H, 2 blocks of 20 bytes]

@@ -119,10 +119,9 @@ class GGUFMoEMethod(FusedMoEMethodBase):
     ) -> None:
         inter = intermediate_size_per_partition
         shapes = {"w13": (num_experts, 2 * inter, hidden_size), "w2": (num_experts, hidden_size, inter)}
-        loaders = {"w13": extra_weight_attrs["weight_loader"], "w2": _w2_loader(layer)}
         for name, shape in shapes.items():
             qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-            qweight.weight_loader = loaders[name]
+            qweight.weight_loader = extra_weight_attrs["weight_loader"]  # FusedMoE's, per expert and shard
             qweight_type = nn.Parameter(torch.full((1,), -1, dtype=torch.int64), requires_grad=False)
             qweight_type.weight_loader = _type_loader(qweight, shape)
             setattr(layer, f"{name}_qweight", qweight)
@@ -141,19 +140,6 @@ class GGUFMoEMethod(FusedMoEMethodBase):
         return fused_experts_native(
             x, layer.w13_experts, layer.w2_experts, topk_weights, topk_ids, lambda h, w: fused_mul_mat_gguf(h, *w)
         )
-
-
-def _w2_loader(layer: nn.Module):
-    """Loads one expert's down_proj blocks [H, bytes]. Under tensor parallelism each rank keeps its
-    share of the input dimension, which is a run of whole blocks (row_bytes refuses a share that
-    would cut one), so the split is in bytes where FusedMoE.weight_loader's is in weights."""
-
-    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: str, expert_id: int) -> None:
-        local = param.data[expert_id]
-        width = local.shape[1]
-        local.copy_(loaded.narrow(1, layer.tp_rank * width, width) if loaded.shape[1] != width else loaded)
-
-    return load
 
 
 def _type_loader(qweight: nn.Parameter, shape: tuple[int, ...]):

@@ -72,9 +72,12 @@ class FusedMoE(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
         inter = self.intermediate_size_per_partition
         if shard_id == "w2":  # down_proj [H, I]: split the input dimension (not a scale's [H, 1])
-            split = loaded_weight.shape[1] != param.shape[2]
+            # This rank's share is the parameter's own width: I / tp weights, or the bytes of that
+            # many weights where GGUF holds them in blocks (GGUFMoEMethod; whole blocks per rank).
+            width = param.shape[2]
+            split = loaded_weight.shape[1] != width
             param.data[expert_id].copy_(
-                loaded_weight.narrow(1, self.tp_rank * inter, inter) if split else loaded_weight
+                loaded_weight.narrow(1, self.tp_rank * width, width) if split else loaded_weight
             )
             return
         offset = 0 if shard_id == "w1" else inter  # w1 = gate_proj, w3 = up_proj
