@@ -10,9 +10,10 @@
 //
 // Why not oneDNN, which minisgl used before: in decode a GEMM has few rows (one per running
 // request) and its weights come from DRAM, not cache. oneDNN leaves the FMA units idle while the
-// weights arrive. Here, while the first tile of rows multiplies panel j, it prefetches panel j + 1
-// into L2, spread evenly over its k-steps, so loading the next panel overlaps computing this one
-// (up to how many rows that pays depends on the CPU's hardware prefetcher: gemm.h, prefetch_rows).
+// weights arrive. Here each thread walks one run of consecutive panels, and while the first tile of
+// rows multiplies a k-step it prefetches the weights 4 KB further along the run into L2, so loading
+// what comes next overlaps computing this (up to how many rows that pays depends on the CPU's
+// hardware prefetcher: gemm.h, prefetch_rows).
 //
 // Weights are kept in the model's dtype: a bf16 or fp16 panel is widened to float32 in registers as
 // it is read (exact: every bf16 and fp16 value is a float32 value), so a 16-bit model streams half
@@ -34,16 +35,17 @@ namespace {
 // too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
 constexpr int64_t CHUNK_M = 128;
 
-// Rows [m_begin, m_end) against panels [nb_begin, nb_end) of NB, each panel prefetching the next.
+// Rows [m_begin, m_end) (at most CHUNK_M) against the consecutive panels [nb_begin, nb_end), each
+// tile prefetching a fixed distance ahead in the run (gemm_panel with stream_rows = CHUNK_M).
 template <typename w_t, typename out_t>
 void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, int64_t K, const out_t* bias,
-               int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end, int64_t NB) {
+               int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end) {
   const int64_t panel_size = K * BLOCK_N;
   for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
     const w_t* panel = B + nb * panel_size;
     const out_t* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
     gemm_panel(A + m_begin * lda, lda, panel, K, C + m_begin * N + nb * BLOCK_N, N, panel_bias, m_end - m_begin,
-               nb + 1 < NB ? panel + panel_size : nullptr);
+               /*next=*/static_cast<const w_t*>(nullptr), /*stream_rows=*/CHUNK_M);
   }
 }
 
@@ -108,7 +110,7 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
     with_weight_type<out_t>(mat2.scalar_type(), [&]<typename w_t>() {
       const w_t* B = static_cast<const w_t*>(mat2.data_ptr());
       const auto rows = [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
-        gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1, NB);
+        gemm_rows(A, a.stride(0), B, C, N, K, bias_ptr, m0, m1, nb0, nb1);
       };
       // Up to a whole chunk each thread streams one run of panels (for_each_gemm_run), as at STREAM_ROWS:
       // a run's panels meet all of its rows before the next, as a unit's do. On a 2-core Zen 4 EPYC, up to
