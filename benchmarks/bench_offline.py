@@ -3,13 +3,16 @@
     python benchmarks/bench_offline.py                        # float32 and bfloat16, every peer
     python benchmarks/bench_offline.py --dtypes float32 --num-requests 16 --hf-one-at-a-time 4   # quicker
     python benchmarks/bench_offline.py --dtypes float32 --kv-cache-dtype bfloat16   # + a bf16 KV pool row
+    python benchmarks/bench_offline.py --enable-torch-compile   # minisgl's decode steps on its graph runner
 
 Workload (benchmarks/workload.py, fixed by --seed): prompts of random token ids with lengths in
 [--min-input, --max-input], outputs of [--min-output, --max-output] tokens, greedy, EOS ignored,
 so every engine does exactly the same work. Each engine runs in its own process (so its startup
 and peak RSS are its own), one after the other:
 
-- minisgl's offline ``Engine``;
+- minisgl's offline ``Engine`` (with --enable-torch-compile, on its CPUGraphRunner: the warm-up,
+  counted in startup, compiles every decode bucket the run will meet; offline_engines.py
+  warm_up_decode_buckets);
 - HF transformers ``generate``, one request at a time (on a subset: throughput is a rate) and in
   left-padded batches (the best of --hf-batch-sizes is kept);
 - vLLM's CPU build, when --vllm-python names an interpreter that has it
@@ -69,6 +72,7 @@ def engine_cmd(engine: str, dtype: str, args, threads: int, kv_cache_dtype: str 
     cmd += ["--model-path", args.model_path, "--threads", str(threads)]
     for name in ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed", "max_total_tokens"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--enable-torch-compile"] if getattr(args, "enable_torch_compile", False) else []
     return cmd + ["--hf-one-at-a-time", str(getattr(args, "hf_one_at_a_time", 0))]
 
 
@@ -184,6 +188,11 @@ def main() -> None:
         help="also run minisgl with this KV pool dtype (SGLang's flag), in the same rounds",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
+    parser.add_argument(
+        "--enable-torch-compile",
+        action="store_true",
+        help="minisgl with its graph runner, every decode bucket up to --num-requests compiled before timing",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()

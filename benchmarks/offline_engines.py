@@ -15,12 +15,22 @@ from peer_llama_cpp import peak_rss_mb
 from workload import make_workload
 
 
-def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto"):
+def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto", enable_torch_compile=False):
     from minisgl.entrypoints.engine import Engine
 
     start = time.perf_counter()
-    engine = Engine(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens, kv_cache_dtype=kv_cache_dtype)
-    engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # first token: startup ends here
+    engine = Engine(
+        model_path=path,
+        dtype=dtype,
+        max_total_tokens=max_total_tokens,
+        kv_cache_dtype=kv_cache_dtype,
+        enable_torch_compile=enable_torch_compile,
+        torch_compile_max_bs=len(workload),
+    )
+    if enable_torch_compile:
+        warm_up_decode_buckets(engine, len(workload))
+    else:
+        engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # first token: startup ends here
     startup = time.perf_counter() - start
     prompts = [p for p, _ in workload]
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for _, n in workload]
@@ -37,6 +47,18 @@ def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto"):
         "overhead": overhead.summary(),
         "outputs": [o["output_ids"] for o in outs],
     }
+
+
+def warm_up_decode_buckets(engine, num_requests: int) -> None:
+    """Compile every graph-runner bucket a run of num_requests will decode in, before the clock starts.
+
+    minisgl compiles a bucket when a batch first needs it, and a workload whose requests finish at
+    different steps walks its decode batch down through every bucket: timed, that run would count
+    each bucket's compile (seconds, even from inductor's on-disk cache) as serving time. SGLang's
+    runners capture every batch size at start-up instead; this does the same here, and the time goes
+    to startup. Requests that end one step apart take the batch from num_requests down to 1."""
+    params = [{"max_new_tokens": i + 1, "ignore_eos": True} for i in range(num_requests)]
+    engine.generate(input_ids=[[1, 2, 3]] * num_requests, sampling_params=params)
 
 
 class _DecodeOverhead:
@@ -135,7 +157,9 @@ def worker_main(args, workload_kwargs) -> None:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     workload = make_workload(**workload_kwargs)
     if args.engine == "minisgl":
-        out = run_minisgl(args.model_path, workload, args.dtype, args.max_total_tokens, args.kv_cache_dtype)
+        out = run_minisgl(
+            args.model_path, workload, args.dtype, args.max_total_tokens, args.kv_cache_dtype, args.enable_torch_compile
+        )
     elif args.engine == "hf-one":
         out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
     else:
