@@ -56,8 +56,9 @@ def warm_up_decode_buckets(engine, num_requests: int) -> None:
     different steps walks its decode batch down through every bucket: timed, that run would count
     each bucket's compile (seconds, even from inductor's on-disk cache) as serving time. SGLang's
     runners capture every batch size at start-up instead; this does the same here, and the time goes
-    to startup. Requests that end one step apart take the batch from num_requests down to 1."""
-    params = [{"max_new_tokens": i + 1, "ignore_eos": True} for i in range(num_requests)]
+    to startup. Requests that end one step apart take the batch from num_requests down to 1 (the
+    first decodes all of them: each asks for two tokens or more, one of which the prefill gives)."""
+    params = [{"max_new_tokens": i + 2, "ignore_eos": True} for i in range(num_requests)]
     engine.generate(input_ids=[[1, 2, 3]] * num_requests, sampling_params=params)
 
 
