@@ -62,6 +62,15 @@ class LinearMethodBase(QuantizeMethodBase):
         """y = x W^T + bias, on the weights create_weights registered."""
 
 
+def moe_weight_shapes(num_experts: int, hidden_size: int, intermediate_size: int) -> dict[str, tuple[int, int, int]]:
+    """The experts' stacks, as every MoE method registers them: w13 [E, 2I, H] (gate rows, then up
+    rows) and w2 [E, H, I]."""
+    return {
+        "w13": (num_experts, 2 * intermediate_size, hidden_size),
+        "w2": (num_experts, hidden_size, intermediate_size),
+    }
+
+
 class FusedMoEMethodBase(QuantizeMethodBase):
     @abstractmethod
     def create_weights(

@@ -27,7 +27,12 @@ import torch
 from torch import nn
 
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
-from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizationConfig
+from minisgl.layers.quantization.base_config import (
+    FusedMoEMethodBase,
+    LinearMethodBase,
+    QuantizationConfig,
+    moe_weight_shapes,
+)
 from minisgl.layers.quantization.gguf_kernel import apply_gguf_embedding, fused_mul_mat_gguf, row_bytes
 
 
@@ -80,10 +85,7 @@ class GGUFLinearMethod(LinearMethodBase):
         # its storage when qweight_type loads (SGLang uses an UninitializedParameter the same way).
         shape = (sum(output_partition_sizes), input_size_per_partition)
         self.params_dtype = params_dtype  # what an embedding lookup dequantizes to
-        layer.qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-        layer.qweight.weight_loader = extra_weight_attrs["weight_loader"]
-        layer.qweight_type = nn.Parameter(torch.full((1,), -1, dtype=torch.int64), requires_grad=False)
-        layer.qweight_type.weight_loader = _type_loader(layer.qweight, shape)
+        layer.qweight, layer.qweight_type = _block_params(shape, extra_weight_attrs["weight_loader"])
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         layer.weight_type = int(layer.qweight_type.item())  # read once, not on every forward
@@ -117,13 +119,9 @@ class GGUFMoEMethod(FusedMoEMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ) -> None:
-        inter = intermediate_size_per_partition
-        shapes = {"w13": (num_experts, 2 * inter, hidden_size), "w2": (num_experts, hidden_size, inter)}
-        for name, shape in shapes.items():
-            qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-            qweight.weight_loader = extra_weight_attrs["weight_loader"]  # FusedMoE's, per expert and shard
-            qweight_type = nn.Parameter(torch.full((1,), -1, dtype=torch.int64), requires_grad=False)
-            qweight_type.weight_loader = _type_loader(qweight, shape)
+        for name, shape in moe_weight_shapes(num_experts, hidden_size, intermediate_size_per_partition).items():
+            # FusedMoE's loader, per expert and shard, fills the blocks.
+            qweight, qweight_type = _block_params(shape, extra_weight_attrs["weight_loader"])
             setattr(layer, f"{name}_qweight", qweight)
             setattr(layer, f"{name}_qweight_type", qweight_type)
 
@@ -140,6 +138,16 @@ class GGUFMoEMethod(FusedMoEMethodBase):
         return fused_experts_native(
             x, layer.w13_experts, layer.w2_experts, topk_weights, topk_ids, lambda h, w: fused_mul_mat_gguf(h, *w)
         )
+
+
+def _block_params(shape: tuple[int, ...], weight_loader) -> tuple[nn.Parameter, nn.Parameter]:
+    """A weight of this [..., N, K] shape as blocks: qweight (uint8, storage from its type) and
+    qweight_type (-1 until a shard's ggml type id loads)."""
+    qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+    qweight.weight_loader = weight_loader
+    qweight_type = nn.Parameter(torch.full((1,), -1, dtype=torch.int64), requires_grad=False)
+    qweight_type.weight_loader = _type_loader(qweight, shape)
+    return qweight, qweight_type
 
 
 def _type_loader(qweight: nn.Parameter, shape: tuple[int, ...]):

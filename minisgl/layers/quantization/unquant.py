@@ -17,7 +17,7 @@ from minisgl.kernels.cpu import has_packed_gemm, packed_gemm_block_n
 from minisgl.kernels.cpu.features import vnni_gemm_engine
 from minisgl.layers.linear import apply_linear, pack_linear_weight
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
-from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
+from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, moe_weight_shapes
 
 # Only where CUDA is: importing triton maps about 65 MB of its libraries, which a CPU engine never uses.
 if torch.cuda.is_available():
@@ -55,9 +55,9 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ) -> None:
-        inter = intermediate_size_per_partition
-        layer.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size, dtype=params_dtype), False)
-        layer.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter, dtype=params_dtype), False)
+        shapes = moe_weight_shapes(num_experts, hidden_size, intermediate_size_per_partition)
+        layer.w13_weight = nn.Parameter(torch.empty(shapes["w13"], dtype=params_dtype), False)
+        layer.w2_weight = nn.Parameter(torch.empty(shapes["w2"], dtype=params_dtype), False)
         layer.w13_weight.weight_loader = layer.w2_weight.weight_loader = extra_weight_attrs["weight_loader"]
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

@@ -26,7 +26,12 @@ import torch
 from torch import nn
 
 from minisgl.layers.moe.fused_moe_native import fused_experts_native
-from minisgl.layers.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizationConfig
+from minisgl.layers.quantization.base_config import (
+    FusedMoEMethodBase,
+    LinearMethodBase,
+    QuantizationConfig,
+    moe_weight_shapes,
+)
 from minisgl.layers.quantization.int8_kernel import (
     int8_scaled_mm_with_quant,
     pack_int8_weight,
@@ -137,9 +142,8 @@ class W8A8Int8MoEMethod(FusedMoEMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ) -> None:
-        dtype, inter = _weight_dtype(self.quant_config, params_dtype), intermediate_size_per_partition
-        shapes = {"w13": (num_experts, 2 * inter, hidden_size), "w2": (num_experts, hidden_size, inter)}
-        for name, shape in shapes.items():
+        dtype = _weight_dtype(self.quant_config, params_dtype)
+        for name, shape in moe_weight_shapes(num_experts, hidden_size, intermediate_size_per_partition).items():
             params = {f"{name}_weight": torch.empty(shape, dtype=dtype)}
             if self.quant_config.is_checkpoint_int8_serialized:
                 params[f"{name}_weight_scale"] = torch.empty(*shape[:2], 1, dtype=torch.float32)
