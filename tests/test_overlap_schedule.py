@@ -284,24 +284,30 @@ def test_the_forward_thread_is_the_only_openmp_master(tiny_llama):
 
 
 def test_release_ends_the_calling_threads_openmp_workers():
-    """release_openmp_workers ends the OpenMP worker threads of the thread that calls it (counted
-    in /proc); the thread keeps its thread count."""
+    """release_openmp_workers ends the OpenMP worker threads of the thread that calls it (their task
+    ids in /proc: the ones its first parallel region started, so that a thread of an earlier test
+    ending meanwhile is not counted); the thread keeps its thread count."""
     if torch.get_num_threads() < 2 or _libgomp() is None:
         pytest.skip("needs libgomp with omp_pause_resource_all and two torch threads")
     result = {}
 
+    def tasks() -> set[str]:
+        return set(os.listdir("/proc/self/task"))
+
     def run() -> None:
         torch.set_num_threads(2)
+        before = tasks()
         torch.ones(1 << 22).sum()  # a parallel reduction: this thread gets a pool with one worker
-        result["before"] = len(os.listdir("/proc/self/task"))
+        workers = tasks() - before
+        result["workers"] = len(workers)
         result["released"] = release_openmp_workers()
-        result["after"] = len(os.listdir("/proc/self/task"))
+        result["still_running"] = workers & tasks()
         result["threads"] = torch.get_num_threads()
 
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    assert result == {"before": result["before"], "released": True, "after": result["before"] - 1, "threads": 2}
+    assert result == {"workers": 1, "released": True, "still_running": set(), "threads": 2}
 
 
 def test_a_scheduler_thread_still_in_a_step_at_shutdown_ends_the_forward_thread_itself(tiny_llama):
