@@ -46,7 +46,7 @@ def test_per_token_quant_int8_matches_torch(dtype):
 
 # M covers decode (1, 3) and prefill-sized row counts, not a multiple of the 4-row tile; N and K
 # include sizes that are not multiples of the 16-column panel or of the k-pairs.
-@pytest.mark.parametrize("M,N,K", [(1, 16, 64), (3, 40, 33), (9, 576, 576), (70, 100, 130)])
+@pytest.mark.parametrize("M,N,K", [(1, 16, 64), (3, 40, 33), (9, 576, 576), (70, 100, 130), (300, 72, 70)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_int8_scaled_mm_with_quant(M, N, K, dtype, with_bias):

@@ -33,18 +33,27 @@
 namespace minisgl {
 namespace {
 
+// Rows whose activations stay in L2 while every panel of a unit passes (as gemm.cpp and
+// gemm_int8_vnni.cpp): before, each panel met all M rows, and a prefill's int16 activations (2.4 MB
+// at 2,048 x 576) streamed from L3 once per panel.
+constexpr int64_t CHUNK_M = 128;
+
+// The work is split as the other packed GEMMs split it (for_each_gemm_run): CHUNK_M rows by a run of
+// consecutive panels per unit, or up to STREAM_ROWS rows one run per thread; the first tile of each
+// panel prefetches the next panel of the run, and the later tiles read this one from cache.
 template <typename out_t>
 void int8_gemm(const int16_t* a, const float* a_scale, int64_t M, int64_t K2, const int8_t* packed,
                const float* w_scale, const out_t* bias, out_t* out, int64_t N) {
-  const int64_t panels = (N + QBLOCK_N - 1) / QBLOCK_N;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+  const int64_t panels = (N + QBLOCK_N - 1) / QBLOCK_N, panel_bytes = K2 * 2 * QBLOCK_N;
+  for_each_gemm_run(M, panels, CHUNK_M, [&](int64_t m_begin, int64_t m_end, int64_t p_begin, int64_t p_end) {
     int32_t acc[QMAX_ROWS][QBLOCK_N];
-    for (int64_t p = begin; p < end; ++p) {
-      const int8_t* panel = packed + p * K2 * 2 * QBLOCK_N;
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int8_t* panel = packed + p * panel_bytes;
       const int64_t n0 = p * QBLOCK_N, cols = std::min(QBLOCK_N, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += QMAX_ROWS) {
-        const int64_t rows = std::min<int64_t>(QMAX_ROWS, M - m0);
-        with_rows<QMAX_ROWS>(rows, [&]<int R>() { tile<R>(a + m0 * 2 * K2, 2 * K2, panel, K2, acc); });
+      for (int64_t m0 = m_begin; m0 < m_end; m0 += QMAX_ROWS) {
+        const int64_t rows = std::min<int64_t>(QMAX_ROWS, m_end - m0);
+        const int8_t* next = m0 == m_begin && p + 1 < p_end ? panel + panel_bytes : nullptr;
+        with_rows<QMAX_ROWS>(rows, [&]<int R>() { tile<R>(a + m0 * 2 * K2, 2 * K2, panel, K2, acc, next); });
         for (int64_t r = 0; r < rows; ++r) {  // the fused epilogue: both scales, the bias, the dtype
           out_t* y = out + (m0 + r) * N + n0;
           for (int64_t c = 0; c < cols; ++c) {

@@ -10,7 +10,11 @@
 namespace minisgl {
 
 constexpr int64_t QBLOCK_N = 16;  // columns per panel: two ymm registers of int32 sums
-constexpr int QMAX_ROWS = 4;      // 2 x 4 accumulators + 2 weight registers + 1 broadcast of 16 ymm
+// 2 x 4 accumulators + 2 weight registers + 1 broadcast of 16 ymm. Six rows would fit in 15, but
+// measured slower on a Zen 3 EPYC: the W8A8 op took 1.04-1.14 of the 4-row time at 16 to 256 rows
+// (two builds alternated in one process), perhaps because _mm256_madd_epi16's products then have
+// no register to land in before their add (the generated code was not inspected).
+constexpr int QMAX_ROWS = 4;
 
 // One row of x quantized to int16 (values in [-127, 127]), padded with a zero to an even length.
 // Division, not a multiply by 1 / scale, and rounding ties to even: what torch.round(x / scale) does.
@@ -39,14 +43,18 @@ inline float quantize_row(const scalar_t* x, int64_t K, int16_t* q) {
   return scale;
 }
 
-// acc[r][c] = sum_k a[r][k] panel[c][k] for ROWS rows and the 16 columns of one panel.
+// acc[r][c] = sum_k a[r][k] panel[c][k] for ROWS rows and the 16 columns of one panel. Unless `next`
+// is null, the tile also requests the panel that comes after this one into L2 (next's line for every
+// other k-pair, one 64-byte line per two k-pairs), so that it arrives while this one is multiplied.
 template <int ROWS>
-inline void tile(const int16_t* a, int64_t lda, const int8_t* panel, int64_t K2, int32_t (*acc)[QBLOCK_N]) {
+inline void tile(const int16_t* a, int64_t lda, const int8_t* panel, int64_t K2, int32_t (*acc)[QBLOCK_N],
+                 const int8_t* next = nullptr) {
 #if defined(__AVX2__)
   __m256i c0[ROWS], c1[ROWS];
   for (int r = 0; r < ROWS; ++r) c0[r] = c1[r] = _mm256_setzero_si256();
   for (int64_t kk = 0; kk < K2; ++kk) {
     const int8_t* w = panel + kk * 2 * QBLOCK_N;
+    if (next && kk % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + kk * 2 * QBLOCK_N), _MM_HINT_T1);
     const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
     const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
     for (int r = 0; r < ROWS; ++r) {
