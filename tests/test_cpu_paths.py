@@ -43,6 +43,24 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, mo
     assert apply_linear(x.view(1, rows, 64), packed, bias).shape == (1, rows, out_features)
 
 
+@pytest.mark.parametrize("onednn_has_bf16", [True, False])
+def test_a_plain_16_bit_weight_onednn_cannot_multiply_goes_to_f_linear(onednn_has_bf16, monkeypatch):
+    """A weight no layer packed (DeepSeek's MoE router) reaches apply_linear plain. On an AVX2 CPU
+    oneDNN has no bf16 GEMM and used to fail on it ("could not create a primitive descriptor");
+    there it must go to F.linear. Where oneDNN has one (forced either way here), oneDNN takes it."""
+    if onednn_has_bf16 and not linear._HAS_ONEDNN:
+        pytest.skip("this torch build has no oneDNN")
+    dtypes = {torch.float32, torch.bfloat16} if onednn_has_bf16 else {torch.float32}
+    monkeypatch.setattr(linear, "_ONEDNN_DTYPES", frozenset(dtypes))
+    calls = []
+    monkeypatch.setattr(linear, "_onednn_linear", lambda x, w, b: calls.append(w.dtype) or F.linear(x, w, b))
+    g = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(8, 64, generator=g).bfloat16(), torch.randn(5, 64, generator=g).bfloat16()
+    y = apply_linear(x, weight)
+    assert calls == ([torch.bfloat16] if onednn_has_bf16 else [])
+    torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float()), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.skipif(not has_packed_gemm(), reason="the CPU kernels could not be built on this machine")
 @pytest.mark.parametrize("dtype,gemm", [("float32", "minisgl"), ("bfloat16", "minisgl"), ("float32", "oneDNN")])
 def test_loaded_model_keeps_its_dtype_in_the_packed_gemm(tiny_llama, dtype, gemm, monkeypatch):

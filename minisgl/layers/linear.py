@@ -40,14 +40,15 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     (python/sglang/srt/layers/quantization/unquant.py:142). On CPU that is minisgl's own
     weight_packed_linear for a packed weight (3-D panels, or 4-D VNNI for the matrix engines),
     else oneDNN's linear: F.linear goes through MKL's sgemm, which measured about half of
-    oneDNN's rate on these machines.
+    oneDNN's rate on these machines. A plain weight in a dtype oneDNN cannot multiply on this CPU
+    (a bf16 MoE router on an AVX2 CPU: no layer packs it) goes to F.linear, ATen's own bf16 GEMM.
     """
     if weight.dim() in (3, 4):  # panels from convert_weight_packed(_vnni) (minisgl/kernels/cpu/gemm*.cpp)
         if x.dim() == 2:  # the models' [tokens, hidden]: a reshape and a view cost ~3 us a linear at batch 1
             return torch.ops.minisgl_kernel.weight_packed_linear(x, weight, bias)
         y = torch.ops.minisgl_kernel.weight_packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
-    if weight.is_mkldnn or (x.is_cpu and _HAS_ONEDNN):
+    if weight.is_mkldnn or (x.is_cpu and _HAS_ONEDNN and weight.dtype in _ONEDNN_DTYPES):
         x2d = x.reshape(-1, x.shape[-1])
         if weight.dtype != x.dtype:  # a float32 copy of a 16-bit weight oneDNN cannot multiply here
             y = _onednn_linear(x2d.to(weight.dtype), weight, None if bias is None else bias.to(weight.dtype))
@@ -129,6 +130,10 @@ def _onednn_supports(dtype: torch.dtype) -> bool:
     if dtype == torch.float16:
         return torch.ops.mkldnn._is_mkldnn_fp16_supported()
     return dtype == torch.float32
+
+
+# The same answer as a constant, for apply_linear inside a compiled forward (as _HAS_ONEDNN).
+_ONEDNN_DTYPES = frozenset(d for d in (torch.float32, torch.bfloat16, torch.float16) if _onednn_supports(d))
 
 
 @functools.cache
