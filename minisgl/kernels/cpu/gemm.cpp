@@ -30,13 +30,8 @@
 namespace minisgl {
 namespace {
 
-// Large M (prefill) goes in chunks of 128 rows: all tiles of a chunk re-read a panel while it is
-// still in L2 (a 576-deep float32 panel is 72 KiB with AVX-512), and the chunk's rows stay there
-// too. On 2,048 rows, whole-M passes or 256-row chunks measured 5-10% slower.
-constexpr int64_t CHUNK_M = 128;
-
-// Rows [m_begin, m_end) (at most CHUNK_M) against the consecutive panels [nb_begin, nb_end), each
-// tile prefetching a fixed distance ahead in the run (gemm_panel with stream_rows = CHUNK_M).
+// Rows [m_begin, m_end) (at most GEMM_CHUNK_M) against the consecutive panels [nb_begin, nb_end), each
+// tile prefetching a fixed distance ahead in the run (gemm_panel with stream_rows = GEMM_CHUNK_M).
 template <typename w_t, typename out_t>
 void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, int64_t K, const out_t* bias,
                int64_t m_begin, int64_t m_end, int64_t nb_begin, int64_t nb_end) {
@@ -45,7 +40,7 @@ void gemm_rows(const float* A, int64_t lda, const w_t* B, out_t* C, int64_t N, i
     const w_t* panel = B + nb * panel_size;
     const out_t* panel_bias = bias ? bias + nb * BLOCK_N : nullptr;
     gemm_panel(A + m_begin * lda, lda, panel, K, C + m_begin * N + nb * BLOCK_N, N, panel_bias, m_end - m_begin,
-               /*next=*/static_cast<const w_t*>(nullptr), /*stream_rows=*/CHUNK_M);
+               /*next=*/static_cast<const w_t*>(nullptr), /*stream_rows=*/GEMM_CHUNK_M);
   }
 }
 
@@ -121,7 +116,7 @@ at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, 
       // call by a temporary variable (three rounds): 0.92, 0.93, 0.94 and 0.94 at 16, 32, 64 and 128 rows;
       // compiled float32 decode steps (benchmarks/profile_loop.py, alternated three times) 0.92 of the
       // replay at 16 requests and 0.95 at 64. Not measured above 12 rows on an AMD CPU.
-      for_each_gemm_run(M, NB, CHUNK_M, rows, [] {}, CHUNK_M);
+      for_each_gemm_run(M, NB, GEMM_CHUNK_M, rows, [] {}, GEMM_CHUNK_M);
     });
   });
   return out;

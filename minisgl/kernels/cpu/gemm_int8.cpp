@@ -33,19 +33,16 @@
 namespace minisgl {
 namespace {
 
-// Rows whose activations stay in L2 while every panel of a unit passes (as gemm.cpp and
-// gemm_int8_vnni.cpp): before, each panel met all M rows, and a prefill's int16 activations (2.4 MB
-// at 2,048 x 576) streamed from L3 once per panel.
-constexpr int64_t CHUNK_M = 128;
-
-// The work is split as the other packed GEMMs split it (for_each_gemm_run): CHUNK_M rows by a run of
-// consecutive panels per unit, or up to STREAM_ROWS rows one run per thread; the first tile of each
-// panel prefetches the next panel of the run, and the later tiles read this one from cache.
+// The work is split as the other packed GEMMs split it (for_each_gemm_run): GEMM_CHUNK_M rows by a
+// run of consecutive panels per unit, or up to STREAM_ROWS rows one run per thread; the first tile of
+// each panel prefetches the next panel of the run, and the later tiles read this one from cache.
+// Before, each panel met all M rows, and a prefill's int16 activations (2.4 MB at 2,048 x 576)
+// streamed from L3 once per panel.
 template <typename out_t>
 void int8_gemm(const int16_t* a, const float* a_scale, int64_t M, int64_t K2, const int8_t* packed,
                const float* w_scale, const out_t* bias, out_t* out, int64_t N) {
   const int64_t panels = (N + QBLOCK_N - 1) / QBLOCK_N, panel_bytes = K2 * 2 * QBLOCK_N;
-  for_each_gemm_run(M, panels, CHUNK_M, [&](int64_t m_begin, int64_t m_end, int64_t p_begin, int64_t p_end) {
+  for_each_gemm_run(M, panels, GEMM_CHUNK_M, [&](int64_t m_begin, int64_t m_end, int64_t p_begin, int64_t p_end) {
     int32_t acc[QMAX_ROWS][QBLOCK_N];
     for (int64_t p = p_begin; p < p_end; ++p) {
       const int8_t* panel = packed + p * panel_bytes;

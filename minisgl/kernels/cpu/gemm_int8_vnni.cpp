@@ -26,8 +26,6 @@
 namespace minisgl {
 namespace {
 
-constexpr int64_t CHUNK_M = 128;   // rows whose activations stay in L2 while every panel passes
-
 // Rows [m0, m1) against panels [p0, p1), written to y (float32 results go to buf first when the
 // output is 16-bit, and to padding columns never): vpdpbusd tiles of 8 rows, or blocks of up to 32
 // with `brgemm` (sums_int8) or on minisgl's own AMX tiles (`amx_tiles`, gemm_amx.h).
@@ -133,7 +131,7 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
             quantize_row_u8(mat1.data_ptr<scalar_t>() + m * K, K, K4, a.data_ptr<uint8_t>() + m * K4 * 4);
       }
     });
-    // Units of CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to one
+    // Units of GEMM_CHUNK_M rows by a run of panel pairs (a tile takes two panels at a time); up to one
     // vpdpbusd tile's rows (STREAM_ROWS with oneDNN's brgemm), one run of pairs per thread, each pair read once
     // by one tile, as gemm_vnni.cpp does for bf16. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer
     // GEMMs (107 MB of int8 weights on huge pages, a scratch loop, the two rules switched per call
@@ -143,10 +141,10 @@ at::Tensor int8_scaled_mm_vnni(const at::Tensor& mat1, const at::Tensor& packed,
     // whole chunk, as the bf16 tiles do (gemm_vnni.cpp): on a 2-core Xeon with AMX (family 6 model 167),
     // compiled W8A8 decode steps (benchmarks/profile_loop.py, alternated twice) took 0.97 of the replay at
     // 16 and at 64 requests.
-    const int64_t stream_rows = tiles ? CHUNK_M : brgemm ? STREAM_ROWS : INT8_TILE_ROWS;
+    const int64_t stream_rows = tiles ? GEMM_CHUNK_M : brgemm ? STREAM_ROWS : INT8_TILE_ROWS;
     const int64_t pairs = (panels + 1) / 2;
     for_each_gemm_run(
-        M, pairs, CHUNK_M,
+        M, pairs, GEMM_CHUNK_M,
         [&](int64_t m0, int64_t m1, int64_t pair0, int64_t pair1) {
           if (tiles) configure_amx_tiles();
           gemm_chunk<scalar_t>(a.data_ptr<uint8_t>(), K4 * 4, a_scale.data_ptr<float>(), packed.data_ptr<int8_t>(),

@@ -19,8 +19,6 @@
 namespace minisgl {
 namespace {
 
-constexpr int64_t CHUNK_M = 128;  // rows per unit of work, as in gemm.cpp and gemm_int8_vnni.cpp
-
 // out[r, 0:32] = rows [0, ROWS) of A times one panel + bias, rounded to bf16.
 template <int ROWS>
 MINISGL_AVX512_BF16 void tile_dpbf16_store(const at::BFloat16* A, int64_t lda, const at::BFloat16* panel, int64_t K,
@@ -58,7 +56,7 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
   }
 }
 
-// Units of CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the float32 and
+// Units of GEMM_CHUNK_M rows by a run of panels, taken from a shared counter (for_each_unit, as the float32 and
 // int8 GEMMs do), or up to STREAM_ROWS rows one run of panels per thread (for_each_gemm_run), and on
 // vdpbf16ps up to one tile's DPBF16_ONE_TILE_ROWS: there too each panel is read once, by one tile, so the weights are
 // one stream per thread. On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs and LM head at 8 rows (an EAGLE
@@ -69,7 +67,7 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 // streamed the whole weight, and SmolLM2's 30 layers at 64 rows took 48 ms instead of 21 on AMX (a 2-core
 // Xeon; bench_gguf_gemm.py). A thread's units share brgemm's tile configuration, which it releases when done
 // (sgl-kernel does the same per parallel_2d range); minisgl's own tiles (amx_tiles) are configured once per
-// unit. Those tiles take runs up to a whole chunk, CHUNK_M rows: a run's panels meet all of its rows
+// unit. Those tiles take runs up to a whole chunk, GEMM_CHUNK_M rows: a run's panels meet all of its rows
 // before the next, as a unit's do, and the weights stream as one run per thread. On a 2-core Xeon with AMX
 // (family 6 model 167), SmolLM2's 120 layer GEMMs on huge pages in a scratch loop, runs and units switched
 // per call by a temporary variable and alternated in one process, runs took 0.92, 0.88, 0.93, 0.88 and
@@ -79,9 +77,9 @@ MINISGL_AVX512_BF16 void store_scratch(const float* scratch, int64_t rows, at::H
 template <typename scalar_t>
 void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, const scalar_t* bias, int64_t M,
                int64_t N, int64_t K, bool use_brgemm, bool amx_tiles) {
-  const int64_t stream_rows = amx_tiles ? CHUNK_M : use_brgemm ? STREAM_ROWS : DPBF16_ONE_TILE_ROWS;
+  const int64_t stream_rows = amx_tiles ? GEMM_CHUNK_M : use_brgemm ? STREAM_ROWS : DPBF16_ONE_TILE_ROWS;
   for_each_gemm_run(
-      M, N / VNNI_BLOCK_N, CHUNK_M,
+      M, N / VNNI_BLOCK_N, GEMM_CHUNK_M,
       [&](int64_t m0, int64_t m1, int64_t nb0, int64_t nb1) {
         alignas(64) float scratch[VNNI_BLOCK_M * VNNI_BLOCK_N];
         // With the tiles, a short last group (fewer than 16 rows) is multiplied from a zero-padded copy.
