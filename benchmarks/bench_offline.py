@@ -118,14 +118,14 @@ def best_gemm_rate(config, dtype: str) -> tuple[float, str]:
     dtype on this CPU (its bf16 needs AVX-512), and minisgl's weight_packed_linear. The floor's
     denominator."""
     from minisgl.kernels.cpu import has_packed_gemm
-    from minisgl.layers.linear import _onednn_supports
+    from minisgl.layers.linear import _ONEDNN_DTYPES
 
     m, k, n = 2048, config.hidden_size, 2 * config.intermediate_size
     best = (0.0, "")
     for compute in {getattr(torch, dtype), torch.float32}:
         name = str(compute).removeprefix("torch.")
         x, w = torch.randn(m, k).to(compute), torch.randn(n, k).to(compute)
-        if _onednn_supports(compute):
+        if compute in _ONEDNN_DTYPES:
             onednn = torch.ops.mkldnn._reorder_linear_weight(w, 64)
             rate = 2 * m * k * n / best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""))
             best = max(best, (rate, f"oneDNN {name}"))

@@ -35,7 +35,7 @@ def test_packed_weight_matches_f_linear(dtype, tol, rows, out_features, gemm, mo
         assert packed.dtype == dtype
     else:  # oneDNN's blocked layout: 16-bit where oneDNN multiplies it on this CPU, else a float32 copy
         assert packed.is_mkldnn
-        assert packed.dtype == (dtype if linear._onednn_supports(dtype) else torch.float32)
+        assert packed.dtype == (dtype if dtype in linear._ONEDNN_DTYPES else torch.float32)
     y = apply_linear(x, packed, bias)
     assert y.dtype == dtype and y.shape == (rows, out_features)
     torch.testing.assert_close(y.float(), F.linear(x.float(), weight.float(), bias.float()), atol=tol, rtol=tol)

@@ -107,7 +107,7 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     if not _HAS_ONEDNN:
         return weight
     # The hint is the batch size oneDNN tunes the layout for; any batch size works.
-    return torch.ops.mkldnn._reorder_linear_weight(weight if _onednn_supports(weight.dtype) else weight.float(), 64)
+    return torch.ops.mkldnn._reorder_linear_weight(weight if weight.dtype in _ONEDNN_DTYPES else weight.float(), 64)
 
 
 def weight_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -123,17 +123,13 @@ def weight_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return rows.view(*ids.shape, rows.shape[-1])
 
 
-def _onednn_supports(dtype: torch.dtype) -> bool:
-    """Whether oneDNN multiplies this dtype natively on this CPU (its bf16 and fp16 kernels need AVX-512)."""
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if dtype == torch.float16:
-        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    return dtype == torch.float32
-
-
-# The same answer as a constant, for apply_linear inside a compiled forward (as _HAS_ONEDNN).
-_ONEDNN_DTYPES = frozenset(d for d in (torch.float32, torch.bfloat16, torch.float16) if _onednn_supports(d))
+# The dtypes oneDNN multiplies natively on this CPU (its bf16 and fp16 kernels need AVX-512): a constant,
+# as _HAS_ONEDNN, so that apply_linear can read it inside a compiled forward.
+_ONEDNN_DTYPES = frozenset(
+    [torch.float32]
+    + ([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
+    + ([torch.float16] if torch.ops.mkldnn._is_mkldnn_fp16_supported() else [])
+)
 
 
 @functools.cache
@@ -149,7 +145,7 @@ def _onednn_is_faster(dtype: torch.dtype) -> bool:
     and not in others, though over SmolLM2's weights streamed oneDNN took 1.6x minisgl's time at
     one row and 1.14x at 64.
     """
-    if not (_HAS_ONEDNN and _onednn_supports(dtype)):
+    if not (_HAS_ONEDNN and dtype in _ONEDNN_DTYPES):
         return False
     if not has_packed_gemm():
         return True
