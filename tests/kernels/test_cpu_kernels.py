@@ -17,7 +17,7 @@ from minisgl.layers.layernorm import RMSNorm
 from minisgl.layers.rotary_embedding import get_rope
 from minisgl.layers.sampler import argmax_rows
 from tests._models import tiny_model_dir
-from tests.kernels.test_cpu_matrix_engines import force_brgemm
+from tests.kernels.test_cpu_matrix_engines import brgemm_calls_seen, force_brgemm, needs
 
 pytestmark = pytest.mark.skipif(not is_available(), reason="the CPU kernels could not be built on this machine")
 ops = torch.ops.minisgl_kernel
@@ -220,6 +220,50 @@ def test_extend_attention_on_brgemm_matches_sdpa(head_dim, kv_dtype, monkeypatch
     force_brgemm(monkeypatch, torch.bfloat16)
     test_extend_attention_matches_sdpa(torch.bfloat16, kv_dtype, [0, 17, 64], [70, 3, 33], 9, 3, head_dim)
     test_extend_attention_with_a_tree_mask_matches_sdpa(torch.bfloat16, kv_dtype, head_dim)
+
+
+EXTEND_BF16 = """
+import torch
+from minisgl.kernels.cpu import is_available
+assert is_available()
+from tests.kernels.test_cpu_kernels import test_extend_attention_matches_sdpa
+test_extend_attention_matches_sdpa(torch.bfloat16, torch.bfloat16, [0, 17, 64], [70, 3, 33], 9, 3, 64)
+"""
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_extend_attention_takes_the_own_tiles_on_amx_and_brgemms_bits(head_dim, monkeypatch):
+    """On a CPU with amx_bf16, extend attention's Q . K^T and p . v multiply on the dense GEMMs' tile
+    loop (gemm_amx.h), as those GEMMs do: oneDNN logs no brgemm call, and each output equals
+    MINISGL_BRGEMM=1's (oneDNN's brgemm on the same tiles) bit for bit, causal and under a tree mask."""
+    needs("amx_bf16")
+    assert brgemm_calls_seen(None, EXTEND_BF16) == set()
+    prefix_lens, extend_lens, g = [0, 17, 130, 5], [70, 40, 16, 1], torch.Generator().manual_seed(5)
+    c = make_paged_case(prefix_lens, extend_lens, 9, 3, head_dim, torch.bfloat16, 6)
+    key, value, loc = new_kv(c, extend_lens, 3, torch.bfloat16, head_dim)
+    mask = torch.cat([random_tree_mask(p, e, g).flatten() for p, e in zip(prefix_lens, extend_lens)])
+    lens = [c["seq_lens"], c["extend_seq_lens"], c["extend_start_loc"], 0.125]
+    outputs = {}
+    for setting in ("", "1"):
+        monkeypatch.setenv("MINISGL_BRGEMM", setting)
+        for custom_mask in (None, mask):
+            o = torch.empty(sum(extend_lens), 9, head_dim, dtype=torch.bfloat16)
+            ops.extend_attention_cpu(
+                c["q"],
+                o,
+                c["k_buffer"],
+                c["v_buffer"],
+                key,
+                value,
+                loc,
+                c["req_to_token"],
+                c["req_pool_indices"],
+                *lens,
+                custom_mask,
+            )
+            outputs[setting, custom_mask is None] = o
+    for causal in (True, False):
+        assert torch.equal(outputs["", causal], outputs["1", causal])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -34,12 +34,6 @@ constexpr int kAccumulators = Vec::size() == 16 ? 24 : 12;
 // Query rows per tile of scores_by_tile: two accumulators each.
 constexpr int kScoreRows = kAccumulators / 2;
 
-// Which keys scores_by_tile may take from the thread's Scratch: those it transposed earlier in the
-// same call (call id from next_call_id) for the same request. call < 0: none.
-struct KeyReuse {
-  int64_t call = -1, request = -1;
-};
-
 // A custom mask over a block's query tokens (extend.cpp: an EAGLE tree): token j of the block sees
 // key t where rows[j * ld + t]. Null: the causal mask alone.
 struct RowMask {
@@ -165,25 +159,21 @@ inline void score_tile(const float* q, int64_t d, const float* kt, float* scores
 // skip it. The transposed blocks stay in the thread's Scratch, so the request's later query blocks
 // (which see the same keys and more) transpose only the keys they add: `who` names the call,
 // request and first KV head, or is null where nothing is to be reused.
-// On the bf16 path, with `brgemm`, Q . K^T goes to AMX's tiles instead (scores_by_brgemm); the
-// caller releases them. V rows (v_buf) are only prefetched here, for pass 3.
+// On the bf16 path, with `brgemm`, Q . K^T goes to AMX's tiles instead (scores_on_tiles: minisgl's
+// own loop where `own`, else oneDNN's brgemm); the caller configures and releases them. V rows
+// (v_buf) are only prefetched here, for pass 3.
 template <int kDim, bool kDp, typename kv_t>
 void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf, const kv_t* v_buf,
                     const int32_t* token_slots, int64_t head_begin, int64_t heads, int64_t rows_per_head,
-                    int64_t kv_len, int64_t ld, int64_t start, const KeyReuse& who, bool brgemm) {
+                    int64_t kv_len, int64_t ld, int64_t start, const KeyReuse& who, bool brgemm, bool own) {
   const int64_t d = kDim ? kDim : a.head_dim;
   for (int64_t h = 0; h < heads; ++h) {
-    if (who.call < 0 || sc.kt_call != who.call || sc.kt_request != who.request || sc.kt_head != head_begin + h) {
-      sc.kt_call = who.call;
-      sc.kt_request = who.request;
-      sc.kt_head = head_begin + h;
-      sc.kt_keys = 0;
-    }
+    sc.keys_held.claim(who, head_begin + h);
     for (int64_t t0 = 0; t0 < kv_len; t0 += kKeyBlock) {
       const int64_t n = std::min(kKeyBlock, kv_len - t0);
       float* kt = sc.keys_t.data() + t0 * d;  // block t0 / kKeyBlock: [d][kKeyBlock], float32
       uint32_t* kw = kDp ? sc.keys_w.data() + t0 * d / 2 : nullptr;  // or [d / 2][kKeyBlock] pairs
-      if (t0 + n > sc.kt_keys) {  // a block not transposed yet, or only in part
+      if (t0 + n > sc.keys_held.keys) {  // a block not transposed yet, or only in part
         // The next block's K and V rows, into L2: a prefix (a verify's context, a radix hit) lies in
         // scattered slots, as decode's keys do (docs/performance.md, "Decode's prefetches go to L2").
         for (int64_t t = t0 + kKeyBlock; t < std::min(t0 + 2 * kKeyBlock, kv_len); ++t) {
@@ -205,12 +195,12 @@ void scores_by_tile(const PagedAttentionArgs& a, Scratch& sc, const kv_t* k_buf,
             }
           }
         }
-        sc.kt_keys = t0 + n;
+        sc.keys_held.keys = t0 + n;
       }
       // Row r (token j = r / group) sees keys up to start + j, so rows from (t0 - start) * group on.
       if (kDp && brgemm) {
-        scores_by_brgemm(a, sc, kw, h * rows_per_head, std::max<int64_t>(0, t0 - start) * a.group, rows_per_head, ld,
-                         t0, d);
+        scores_on_tiles(a, sc, kw, h * rows_per_head, std::max<int64_t>(0, t0 - start) * a.group, rows_per_head, ld,
+                        t0, d, own);
         continue;
       }
       for (int64_t r = std::max<int64_t>(0, t0 - start) * a.group; r < rows_per_head; r += kScoreRows) {
@@ -305,6 +295,7 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   const bool engine = kBf16 && cpu_has_avx512_bf16();
   const bool by_tile = rows_per_head >= kScoreRows, dp = engine && by_tile;
   const bool brgemm = dp && use_brgemm(engines().amx_bf16);  // both products on AMX's tiles (attention_brgemm.h)
+  const bool own = use_own_tiles(brgemm, engines().amx_bf16, /*whole_tiles=*/true);  // kDim: whole tile rows
   // An fp8 pool's p . v: on vdpbf16ps where a head has several row tiles (extend), its values
   // widened to bf16 once per head; decode's one tile of a GQA group takes FMAs, widening each value
   // as it reads it (0.71-0.84 against 0.82-0.96 ms a layer on vdpbf16ps, 64 requests x 200 keys,
@@ -333,8 +324,9 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   const int64_t ld = round_up(kv_len, kKeyBlock);
   const auto tiles = [&]<bool kDp>() {
     scores_by_tile<kDim, kDp, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld,
-                                    prefix + first, who, brgemm);
+                                    prefix + first, who, brgemm, own);
   };
+  if (own) configure_amx_tiles();
   if (!by_tile) {
     scores_by_key<kDim, kv_t>(a, sc, k_buf, v_buf, token_slots, head_begin, heads, rows_per_head, kv_len, ld);
   } else if constexpr (kBf16) {
@@ -386,10 +378,10 @@ void attend_block(const PagedAttentionArgs& a, const scalar_t* q, scalar_t* o, i
   if constexpr (kBf16) {  // brgemm is only ever true here
     if (brgemm) {
       for (int64_t h = 0; h < heads; ++h) {
-        values_by_brgemm(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, visible,
-                         finish);
+        values_on_tiles(a, sc, v_buf + (head_begin + h) * d, token_slots, h, rows_per_head, kv_len, ld, d, own,
+                        who, head_begin + h, visible, finish);
       }
-      at::native::cpublas::brgemm_release();
+      own ? release_amx_tiles() : at::native::cpublas::brgemm_release();
       return;
     }
   }

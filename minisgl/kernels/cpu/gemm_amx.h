@@ -10,7 +10,8 @@
 //   tiles 0-3: a 32 x 32 block of float32 results, as 2 x 2 tiles of 16 x 16;
 //   tiles 4-5: 16 rows of A each, 32 bf16 values of K per row;
 //   tiles 6-7: 16 k-pairs of a panel each, 16 columns x 2 values per row. That is the panel's own
-//              layout, [K / 2][32][2], read with a row stride of 128 bytes, columns 0-15 or 16-31.
+//              layout, [K / 2][32][2], read with a row stride of 128 bytes, columns 0-15 or 16-31
+//              (attention's values, [keys / 2][d][2], with a stride of 4 d bytes).
 // _tile_dpbf16ps(C, A, B) adds A (16 x 32) times B (32 x 16, in pairs) into C: 16 x 16 x 32
 // multiply-adds per instruction, against vdpbf16ps's 32. The int8 block is the same with bytes:
 // 64 u8 activations of K per A row, 16 k-quads of a 16-column int8 panel per B tile, and
@@ -60,11 +61,14 @@ MINISGL_AMX_TILE inline void release_amx_tiles() { _tile_release(); }
 // scratch[0:16 RT, 0:32] = A's rows times one panel over K (a multiple of 32), in float32: RT groups
 // of 16 rows, group g from a[g] with row stride lda[g]. A tile always loads 16 rows, so a short last
 // group must come from a zero-padded copy (vnni_gemm keeps one) or a buffer with 16 rows to spare
-// (moe.cpp's), never from past the end of A.
+// (moe.cpp's, attention's Scratch), never from past the end of A. The panel is 32 columns of an
+// operand stored as [K / 2][ldb][2]: a packed weight's own panel (ldb = 32), or 32 of the d columns
+// of attention's values, packed as pairs of keys (ldb = d; attention_brgemm.h).
 template <int RT>
 MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], const int64_t (&lda)[2],
-                                           const at::BFloat16* panel, int64_t K, float* scratch) {
-  constexpr int64_t kPanelRow = 2 * VNNI_BLOCK_N * sizeof(at::BFloat16);  // one k-pair of 32 columns: 128 bytes
+                                           const at::BFloat16* panel, int64_t K, float* scratch,
+                                           int64_t ldb = VNNI_BLOCK_N) {
+  const int64_t panel_row = 2 * ldb * sizeof(at::BFloat16);  // one k-pair: 128 bytes in a weight's panel
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (RT == 2) {
@@ -72,9 +76,9 @@ MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], co
     _tile_zero(3);
   }
   for (int64_t k0 = 0; k0 < K; k0 += AMX_BLOCK_K) {
-    const at::BFloat16* b = panel + k0 * VNNI_BLOCK_N;  // k-pair k0 / 2, column 0
-    _tile_loadd(6, b, kPanelRow);
-    _tile_loadd(7, b + 2 * 16, kPanelRow);  // column 16 of the same k-pairs
+    const at::BFloat16* b = panel + k0 * ldb;  // k-pair k0 / 2, column 0
+    _tile_loadd(6, b, panel_row);
+    _tile_loadd(7, b + 2 * 16, panel_row);  // column 16 of the same k-pairs
     _tile_loadd(4, a[0] + k0, lda[0] * sizeof(at::BFloat16));
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
@@ -95,8 +99,10 @@ MINISGL_AMX_BF16 inline void tile_amx_bf16(const at::BFloat16* const (&a)[2], co
 
 // tile_amx_bf16 for a block of `rows` (1 to 32) rows: one group of 16 or two.
 MINISGL_AMX_BF16 inline void block_amx_bf16(const at::BFloat16* const (&a)[2], const int64_t (&lda)[2], int64_t rows,
-                                            const at::BFloat16* panel, int64_t K, float* scratch) {
-  rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, lda, panel, K, scratch) : tile_amx_bf16<1>(a, lda, panel, K, scratch);
+                                            const at::BFloat16* panel, int64_t K, float* scratch,
+                                            int64_t ldb = VNNI_BLOCK_N) {
+  rows > AMX_TILE_ROWS ? tile_amx_bf16<2>(a, lda, panel, K, scratch, ldb)
+                       : tile_amx_bf16<1>(a, lda, panel, K, scratch, ldb);
 }
 
 // Rows from which the dense bf16 GEMM multiplies on these tiles: 4, one row fewer than sgl-kernel's
@@ -111,7 +117,7 @@ constexpr int64_t AMX_TILES_MIN_ROWS = 4;
 
 // Whether blocks that use_brgemm sends to the AMX path (`brgemm`) go to these tile loops instead: on a
 // CPU with the tiles for the dtype (`amx`), for a K of whole tile rows, unless MINISGL_BRGEMM=1 names
-// oneDNN's brgemm. The dense bf16 and int8 GEMMs and the bf16 fused MoE ask the same question.
+// oneDNN's brgemm. The dense bf16 and int8 GEMMs, the bf16 fused MoE and attention ask the same question.
 inline bool use_own_tiles(bool brgemm, bool amx, bool whole_tiles) {
   return brgemm && amx && whole_tiles && !brgemm_asked();
 }
