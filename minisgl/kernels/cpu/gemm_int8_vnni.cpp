@@ -43,12 +43,14 @@ void gemm_chunk(const uint8_t* a, int64_t lda, const float* a_scale, const int8_
       const int64_t rows = std::min(block, m1 - m);
       if (amx_tiles) {
         const uint8_t* rows_a = a + m * lda;
+        // As the bf16 tiles (gemm_vnni.cpp): the first block streams the pair's k-quads ahead of itself.
+        const int8_t* nx = m == m0 ? panel + STREAM_PREFETCH_BYTES : nullptr;
         if (rows > AMX_TILE_ROWS) {
-          panels == 2 ? tile_amx_int8<2, 2>(rows_a, lda, panel, panel_bytes, K4, sums)
-                      : tile_amx_int8<2, 1>(rows_a, lda, panel, panel_bytes, K4, sums);
+          panels == 2 ? tile_amx_int8<2, 2>(rows_a, lda, panel, panel_bytes, K4, sums, nx)
+                      : tile_amx_int8<2, 1>(rows_a, lda, panel, panel_bytes, K4, sums, nx);
         } else {
-          panels == 2 ? tile_amx_int8<1, 2>(rows_a, lda, panel, panel_bytes, K4, sums)
-                      : tile_amx_int8<1, 1>(rows_a, lda, panel, panel_bytes, K4, sums);
+          panels == 2 ? tile_amx_int8<1, 2>(rows_a, lda, panel, panel_bytes, K4, sums, nx)
+                      : tile_amx_int8<1, 1>(rows_a, lda, panel, panel_bytes, K4, sums, nx);
         }
       } else {
         // A unit's pairs are consecutive: a tile of few rows prefetches the next pair (where that

@@ -111,7 +111,10 @@ void vnni_gemm(const scalar_t* A, int64_t lda, const scalar_t* B, scalar_t* C, c
                   a[g] = short_group ? padded.data() : A + (r0 + g * AMX_TILE_ROWS) * lda;
                   ld[g] = short_group ? K : lda;
                 }
-                block_amx_bf16(a, ld, rows, panel, K, scratch);
+                // The first block of a unit or run meets each panel first, from memory, and streams
+                // the weights STREAM_PREFETCH_BYTES ahead of itself; the later blocks find the panel in cache.
+                const char* next = r0 == m0 ? reinterpret_cast<const char*>(panel) + STREAM_PREFETCH_BYTES : nullptr;
+                block_amx_bf16(a, ld, rows, panel, K, scratch, VNNI_BLOCK_N, next);
                 store_scratch(scratch, rows, out, N, panel_bias);
                 continue;
               }
