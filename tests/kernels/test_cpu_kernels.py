@@ -248,19 +248,8 @@ def test_extend_attention_takes_the_own_tiles_on_amx_and_brgemms_bits(head_dim, 
         monkeypatch.setenv("MINISGL_BRGEMM", setting)
         for custom_mask in (None, mask):
             o = torch.empty(sum(extend_lens), 9, head_dim, dtype=torch.bfloat16)
-            ops.extend_attention_cpu(
-                c["q"],
-                o,
-                c["k_buffer"],
-                c["v_buffer"],
-                key,
-                value,
-                loc,
-                c["req_to_token"],
-                c["req_pool_indices"],
-                *lens,
-                custom_mask,
-            )
+            pool = [c["k_buffer"], c["v_buffer"], key, value, loc, c["req_to_token"], c["req_pool_indices"]]
+            ops.extend_attention_cpu(c["q"], o, *pool, *lens, custom_mask)
             outputs[setting, custom_mask is None] = o
     for causal in (True, False):
         assert torch.equal(outputs["", causal], outputs["1", causal])

@@ -314,13 +314,14 @@ constexpr int64_t GEMM_CHUNK_M = 128;
 constexpr int64_t STREAM_ROWS = 4;
 // How far ahead a tile that streams a thread's run of consecutive panels prefetches the weights (the float panels'
 // tile in gemm.h up to STREAM_ROWS rows; the vdpbf16ps tile at the heights gemm_vnni.h's dpbf16_prefetch_ahead()
-// names; the AMX tiles' first block of a unit or run, gemm_amx.h): a fixed distance into the run, where it used to prefetch the whole next panel, which starts 36 to 192 KB
-// ahead at SmolLM2's depths (K = 576 or 1,536, bfloat16 or float32). On a 2-core Zen 4 EPYC, SmolLM2's 120 layer
-// GEMMs and LM head, weights from DRAM, the two rules alternated in one process (12-20 rounds a run, median of the
-// paired ratios): at 1 row, bfloat16 took 0.88 of the time while a plain read of the same bytes ran at 50 GB/s and
-// 0.93-0.99 in the host's slower hours (26-33 GB/s; eight runs), float32 0.91-0.95 (three runs); at 2 rows 0.94 and
-// 0.97, at 4 rows (bfloat16) 0.97. 6 KB measured about as 4 KB, 8 to 16 KB 0.94-1.03, no prefetch at all 1.00-1.10
-// (weights in 4 KiB pages; on huge pages see dpbf16_prefetch_ahead()). Not measured on an Intel CPU.
+// names; the AMX tiles' first block of a unit or run, gemm_amx.h): a fixed distance into the run, where it used to
+// prefetch the whole next panel, which starts 36 to 192 KB ahead at SmolLM2's depths (K = 576 or 1,536, bfloat16 or
+// float32). On a 2-core Zen 4 EPYC, SmolLM2's 120 layer GEMMs and LM head, weights from DRAM, the two rules
+// alternated in one process (12-20 rounds a run, median of the paired ratios): at 1 row, bfloat16 took 0.88 of the
+// time while a plain read of the same bytes ran at 50 GB/s and 0.93-0.99 in the host's slower hours (26-33 GB/s;
+// eight runs), float32 0.91-0.95 (three runs); at 2 rows 0.94 and 0.97, at 4 rows (bfloat16) 0.97. 6 KB measured
+// about as 4 KB, 8 to 16 KB 0.94-1.03, no prefetch at all 1.00-1.10 (weights in 4 KiB pages; on huge pages see
+// dpbf16_prefetch_ahead()). On an Intel CPU measured for the AMX tiles only (gemm_amx.h).
 constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
 
 // for_each_unit for a GEMM's rows and panels, except that up to stream_rows rows (STREAM_ROWS unless
