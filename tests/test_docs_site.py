@@ -216,6 +216,7 @@ _DIAGRAMS = """
 """
 
 
+@pytest.mark.slow  # ~50 s on two cores: every page of both editions; the other browser tests stay by default
 def test_every_page_renders_with_diagrams_and_no_errors(server, browser):
     pages = nav_pages()
     problems = []

@@ -9,6 +9,7 @@ only: minisgl itself no longer does.
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from minisgl.model_loader.gguf import bundled_gguf_path, convert_gguf
 
 
+@pytest.mark.slow  # ~40 s: transformers' own GGUF load; test_gguf_tensors.py checks the reader by default
 def test_every_tensor_equals_transformers_gguf_load(tmp_path):
     path = bundled_gguf_path()
     converted = convert_gguf(path, tmp_path / "smollm2")  # not the cache: this code's own output

@@ -256,10 +256,10 @@ def _data(events: list) -> list[dict]:
 def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama, tmp_path):
     log_path = tmp_path / "server.log"
     proc, url = launch(tiny_llama, log_path, "--graceful-shutdown-timeout", "60")
-    # Long enough (about a second on an idle machine) that the drain is still on when the late
-    # request arrives; on a busy one the streams only take longer.
+    # Long enough (seconds: 4 streams of 300 steps) that the drain is still on when the late request
+    # arrives 0.3 s after the signal; on a busy machine the streams only take longer.
     # Every stream must be in flight before SIGTERM; one still connecting would rightly get a 503.
-    streams, threads = _start_streams(url, 4, 800, wait_for=all)
+    streams, threads = _start_streams(url, 4, 300, wait_for=all)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     # Draining: a new request is refused with 503 while the ones in flight go on.
@@ -269,7 +269,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tiny_llama,
     assert proc.wait(timeout=60) == -signal.SIGTERM, log_path.read_text()
     for events in streams:
         assert events[0] == ("status", 200) and events[-1] == ("data", "[DONE]"), events[-2:]
-        assert _data(events)[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 800}
+        assert _data(events)[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
     assert "draining" in log_path.read_text()
 
 

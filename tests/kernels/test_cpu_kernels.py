@@ -231,7 +231,7 @@ test_extend_attention_matches_sdpa(torch.bfloat16, torch.bfloat16, [0, 17, 64], 
 """
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, pytest.param(128, marks=pytest.mark.slow)])  # ~7 s each
 def test_extend_attention_takes_the_own_tiles_on_amx_and_brgemms_bits(head_dim, monkeypatch):
     """On a CPU with amx_bf16, extend attention's Q . K^T and p . v multiply on the dense GEMMs' tile
     loop (gemm_amx.h), as those GEMMs do: oneDNN logs no brgemm call, and each output equals

@@ -246,6 +246,7 @@ def brgemm_calls_seen(mode: str | None, code: str = BRGEMM_CALLS) -> set[tuple[s
     }
 
 
+@pytest.mark.slow  # ~15 s; MINISGL_BRGEMM=1 is the comparison path, not the default
 def test_minisgl_brgemm_sends_blocks_to_onednn_exactly_when_asked(monkeypatch):
     """MINISGL_BRGEMM=1: each kernel calls oneDNN's brgemm, told apart by operand type and shape
     (K x N of a panel or key block); 0: none does. oneDNN logs each call, so the path is seen, not inferred."""
@@ -270,6 +271,7 @@ test_extend_attention_matches_sdpa(torch.bfloat16, torch.float8_e5m2, [0, 17], [
 """
 
 
+@pytest.mark.slow  # ~7 s, on the MINISGL_BRGEMM=1 comparison path
 def test_a_bf16_model_over_an_e5m2_pool_takes_the_same_brgemm_path(monkeypatch):
     """--kv-cache-dtype fp8_e5m2 under a bf16 model: the keys and values are widened to bf16 and go to
     the same two brgemm shapes as a bf16 pool's, not to the float32 FMA tiles."""
