@@ -4,12 +4,14 @@
     python benchmarks/bench_attention.py --dtypes bfloat16 --rounds 50
     python benchmarks/bench_attention.py --dtypes float32 --kv-cache-dtype bfloat16 --requests 64 --layers 30
     python benchmarks/bench_attention.py --dtypes bfloat16 --kv-cache-dtype fp8_e5m2 --requests 64 --layers 30
+    python benchmarks/bench_attention.py --dtypes bfloat16 --requests 64 --layers 30 --page-size 16
 
 Extend: --requests prompts of --prompt-len new tokens each (no cached prefix), as a prefill chunk
 of bench_offline's workload holds them, through extend_attention_cpu (which also stores their
 K/V in the pool). Decode: --requests requests with --prompt-len cached tokens and one new query
 each, through decode_attention_cpu. The slots of a request are a random permutation of the pool's,
-as after many requests have come and gone, so no prefetcher is helped by a contiguous layout.
+as after many requests have come and gone, so no prefetcher is helped by a contiguous layout; with
+--page-size P, of the pool's pages of P slots, so a request's keys are contiguous within each page.
 The SDPA row is torch's scaled_dot_product_attention over the same keys already gathered into a
 contiguous [heads, tokens, dim] tensor per request: the work without the paged pool's indirection
 (the torch_native backend pays the gather besides). A row's time is its median call, for one
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--layers", type=int, default=1, help="pools to call in turn, as a forward's layers: 30 keeps K/V out of cache"
     )
+    parser.add_argument("--page-size", type=int, default=1, help="slots per page of the pool (SGLang's page_size)")
     args = parser.parse_args()
     assert is_available(), "the C++ kernels did not build"
     ops = torch.ops.minisgl_kernel
@@ -68,13 +71,15 @@ def main() -> None:
     for name in args.dtypes:
         dtype = getattr(torch, name)
         torch.manual_seed(0)
-        pool = b * (n + 1) + 1
+        per_request = -(-(n + 1) // args.page_size)  # pages a request holds
+        pool = b * per_request * args.page_size + 1
         kv_dtype = dtype if args.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[args.kv_cache_dtype]
         pools = [
             (torch.randn(pool, KV_HEADS, d).to(kv_dtype), torch.randn(pool, KV_HEADS, d).to(kv_dtype))
             for _ in range(args.layers)
         ]
-        slots = (torch.randperm(pool - 1) + 1)[: b * (n + 1)].view(b, n + 1)  # slot 0 stays the dummy
+        pages = torch.randperm(b * per_request).view(b, per_request, 1) * args.page_size
+        slots = (1 + pages + torch.arange(args.page_size)).view(b, -1)[:, : n + 1]  # slot 0 stays the dummy
         req_to_token = slots.int().contiguous()
         q = torch.randn(b * n, HEADS, d).to(dtype)
         key, value = torch.randn(b * n, KV_HEADS, d).to(dtype), torch.randn(b * n, KV_HEADS, d).to(dtype)

@@ -4,6 +4,7 @@
     python benchmarks/bench_offline.py --dtypes float32 --num-requests 16 --hf-one-at-a-time 4   # quicker
     python benchmarks/bench_offline.py --dtypes float32 --kv-cache-dtype bfloat16   # + a bf16 KV pool row
     python benchmarks/bench_offline.py --enable-torch-compile   # minisgl's decode steps on its graph runner
+    python benchmarks/bench_offline.py --dtypes bfloat16 --page-size 16   # + a row with 16-token KV pages
 
 Workload (benchmarks/workload.py, fixed by --seed): prompts of random token ids with lengths in
 [--min-input, --max-input], outputs of [--min-output, --max-output] tokens, greedy, EOS ignored,
@@ -64,11 +65,13 @@ from workload import OFFLINE_WORKLOAD, make_workload  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def engine_cmd(engine: str, dtype: str, args, threads: int, kv_cache_dtype: str = "auto") -> list[str]:
+def engine_cmd(
+    engine: str, dtype: str, args, threads: int, kv_cache_dtype: str = "auto", page_size: int = 1
+) -> list[str]:
     """The command that runs one engine of this benchmark in its own process (``--engine``), on
     the workload and settings in ``args`` (this script's, or bench_serving.py's: same names)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--engine", engine, "--dtype", dtype]
-    cmd += ["--kv-cache-dtype", kv_cache_dtype]
+    cmd += ["--kv-cache-dtype", kv_cache_dtype, "--page-size", str(page_size)]
     cmd += ["--model-path", args.model_path, "--threads", str(threads)]
     for name in ("num_requests", "min_input", "max_input", "min_output", "max_output", "seed", "max_total_tokens"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -187,6 +190,12 @@ def main() -> None:
         choices=KV_CACHE_DTYPE_CHOICES,
         help="also run minisgl with this KV pool dtype (SGLang's flag), in the same rounds",
     )
+    parser.add_argument(
+        "--page-size",
+        type=int,
+        default=1,
+        help="also run minisgl with this KV page size (SGLang's flag), in the same rounds",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads for every engine (default: torch's)")
     parser.add_argument(
         "--enable-torch-compile",
@@ -242,6 +251,9 @@ def main() -> None:
         if args.kv_cache_dtype not in ("auto", dtype):
             cmd = engine_cmd("minisgl", dtype, args, threads, args.kv_cache_dtype)
             contenders[f"minisgl, KV {args.kv_cache_dtype}"] = lambda: run_in_subprocess(cmd)
+        if args.page_size != 1:
+            paged = engine_cmd("minisgl", dtype, args, threads, page_size=args.page_size)
+            contenders[f"minisgl, page {args.page_size}"] = lambda: run_in_subprocess(paged)
         if Path(args.vllm_python).exists():
             cmd = [
                 args.vllm_python,

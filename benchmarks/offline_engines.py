@@ -15,7 +15,9 @@ from peer_llama_cpp import peak_rss_mb
 from workload import make_workload
 
 
-def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto", enable_torch_compile=False):
+def run_minisgl(
+    path, workload, dtype, max_total_tokens, kv_cache_dtype="auto", enable_torch_compile=False, page_size=1
+):
     from minisgl.entrypoints.engine import Engine
 
     start = time.perf_counter()
@@ -24,6 +26,7 @@ def run_minisgl(path, workload, dtype, max_total_tokens, kv_cache_dtype="auto", 
         dtype=dtype,
         max_total_tokens=max_total_tokens,
         kv_cache_dtype=kv_cache_dtype,
+        page_size=page_size,
         enable_torch_compile=enable_torch_compile,
         torch_compile_max_bs=len(workload),
     )
@@ -159,7 +162,13 @@ def worker_main(args, workload_kwargs) -> None:
     workload = make_workload(**workload_kwargs)
     if args.engine == "minisgl":
         out = run_minisgl(
-            args.model_path, workload, args.dtype, args.max_total_tokens, args.kv_cache_dtype, args.enable_torch_compile
+            args.model_path,
+            workload,
+            args.dtype,
+            args.max_total_tokens,
+            args.kv_cache_dtype,
+            args.enable_torch_compile,
+            args.page_size,
         )
     elif args.engine == "hf-one":
         out = run_hf(args.model_path, workload[: args.hf_one_at_a_time], args.dtype, "one", 1)
