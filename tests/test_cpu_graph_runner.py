@@ -8,10 +8,12 @@ import types
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_cpp_code
 
 from minisgl.entrypoints.engine import Engine
-from minisgl.kernels.cpu import can_build
+from minisgl.kernels.cpu import can_build, is_available
 from minisgl.layers.logits_processor import LogitsProcessor
+from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from minisgl.model_executor.graph_runner import GraphRunner, get_batch_sizes_to_capture
 from minisgl.model_loader.gguf import DEFAULT_MODEL_PATH
@@ -231,7 +233,10 @@ def test_compiled_decode_equals_eager(tiny_llama):
     eager = Engine(model_path=tiny_llama, max_total_tokens=2048)
     want = eager.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
     compiled = Engine(model_path=tiny_llama, max_total_tokens=2048, enable_torch_compile=True, torch_compile_max_bs=4)
-    got = compiled.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+    got, code = run_and_get_cpp_code(compiled.generate, input_ids=prompts, sampling_params=params, return_logprob=True)
+    # The graph calls minisgl's kernels as C functions (kernels/cpu/aoti_shims.cpp), not through the dispatcher.
+    assert "aoti_torch_cpu_weight_packed_linear(" in code and "aoti_torch_cpu_decode_attention_cpu(" in code
+    assert "aoti_torch_call_dispatcher" not in code
     runner = compiled.scheduler.tp_worker.model_runner.graph_runner
     assert type(runner).__name__ == "CPUGraphRunner" and eager.scheduler.tp_worker.model_runner.graph_runner is None
     assert set(runner.compile_seconds) <= {2, 4} and 4 in runner.compile_seconds  # 3 and 2 running, padded
@@ -420,3 +425,55 @@ def test_torch_compile_is_refused_beside_the_moe_observers():
 def test_torch_compile_is_refused_for_mla_attention():
     with pytest.raises(ValueError, match="does not trace MLA attention"):
         Engine(model_path=tiny_model_dir("deepseek_v2"), max_total_tokens=512, enable_torch_compile=True)
+
+
+class _FakeCheck(torch.utils._python_dispatch.TorchDispatchMode):
+    """Calls each of minisgl's faked ops again on fake tensors and records where the two disagree
+    on an output's shape, stride or dtype: the compiled graph trusts the fakes without checking
+    (size_asserts off). Recorded, not raised: the scheduler would catch it and abort the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+        self.mismatches: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils import _pytree as pytree
+
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.partition("::")[2]
+        if func.namespace == "minisgl_kernel" and name in cpu_graph_runner._FAKE_OPS:
+            with FakeTensorMode() as mode:
+                fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs or {}))
+                fake_out = func(*fake_args, **fake_kwargs)
+            real, fake = (
+                [(t.shape, t.stride(), t.dtype) for t in pytree.tree_leaves(x) if t is not None]
+                for x in (out, fake_out)
+            )
+            if fake != real:
+                self.mismatches.append(f"{name}: fake {fake}, kernel {real}")
+            self.seen.add(name)
+        return out
+
+
+@needs_kernels
+def test_every_fake_op_returns_what_its_kernel_returns(tiny_llama):
+    """Eager prefills and decodes of the dense and MoE tiny models, in float and W8A8, and of the
+    default model's Q4_1 blocks call every op a graph may call; each fake agrees with its kernel."""
+    assert is_available()  # the ops exist once the kernels are loaded
+    cpu_graph_runner.register_fake_ops()
+    check = _FakeCheck()
+    runs = [
+        dict(model_path=tiny_llama),
+        dict(model_path=tiny_llama, quantization="w8a8_int8"),
+        dict(model_path=tiny_model_dir("qwen3_moe")),
+        dict(model_path=tiny_model_dir("qwen3_moe"), quantization="w8a8_int8"),
+        dict(model_path=DEFAULT_MODEL_PATH, quantization="gguf", context_length=256),
+    ]
+    for kwargs in runs:
+        with Engine(**kwargs, max_total_tokens=512, disable_overlap_schedule=True) as engine, check:
+            # 2 x 9 prompt tokens: a prefill of more than gguf's MMVQ_MAX_ROWS, decodes of fewer.
+            engine.generate(input_ids=[list(range(5, 14))] * 2, sampling_params={**GREEDY_12, "max_new_tokens": 3})
+    assert check.mismatches == []
+    assert check.seen == set(cpu_graph_runner._FAKE_OPS)

@@ -19,7 +19,8 @@ generated code. The compiled graph takes the static buffers of GraphRunner, so o
 bucket's graph serves every batch padded to it. minisgl is also stricter and leaner
 than SGLang here: the forward must compile as one graph (fullgraph=True; a graph break
 used to fall back to eager per layer, slower than no compile, without a word), the
-graph's op calls are made from generated C++ (cpp_wrapper), and a replay calls the
+graph's op calls are made from generated C++ (cpp_wrapper), as plain C calls to
+kernels/cpu/aoti_shims.cpp rather than through the dispatcher, and a replay calls the
 bucket's compiled graph directly on the tensors it was traced on, as a CUDA graph
 replays, where SGLang's replay enters dynamo each step (its guards, its Python).
 """
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from minisgl import tracing
+from minisgl.kernels.cpu import is_available as kernels_available
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_executor.graph_runner import GraphRunner
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _fake_ops_registered = False
+_FAKE_OPS: list[str] = []  # the ops a compiled graph may call: those given a fake below
 
 
 def register_fake_ops() -> None:
@@ -50,63 +53,91 @@ def register_fake_ops() -> None:
     global _fake_ops_registered
     if _fake_ops_registered:
         return
-    ops = "minisgl_kernel::"
 
-    @torch.library.register_fake(ops + "rmsnorm_cpu")
+    def fake(name: str):
+        _FAKE_OPS.append(name)
+        return torch.library.register_fake("minisgl_kernel::" + name)
+
+    @fake("rmsnorm_cpu")
     def _(input, weight, eps):
         return torch.empty_like(input)
 
-    @torch.library.register_fake(ops + "fused_add_rmsnorm_cpu")
+    @fake("fused_add_rmsnorm_cpu")
     def _(input, residual, weight, eps):
         return torch.empty_like(input), torch.empty_like(residual)
 
-    @torch.library.register_fake(ops + "silu_and_mul_cpu")
+    @fake("silu_and_mul_cpu")
     def _(input):
         return input.new_empty(*input.shape[:-1], input.shape[-1] // 2)
 
-    @torch.library.register_fake(ops + "rotary_embedding_cpu")
+    @fake("rotary_embedding_cpu")
     def _(positions, query, key, head_size, cos_sin_cache):
         return torch.empty_like(query), torch.empty_like(key)
 
-    @torch.library.register_fake(ops + "decode_attention_cpu")
+    @fake("decode_attention_cpu")
     def _(q, o, k_buffer, v_buffer, key, value, loc, req_to_token, req_pool_indices, seq_lens, scale):
         return None  # writes o and the KV buffers in place
 
-    @torch.library.register_fake(ops + "extend_attention_cpu")  # an EAGLE target's verify
+    @fake("extend_attention_cpu")  # an EAGLE target's verify
     def _(q, o, k_buffer, v_buffer, key, value, loc, req_to_token, req_pool_indices, seq_lens, *extend_args):
         return None  # writes o and the KV buffers in place
 
-    @torch.library.register_fake(ops + "weight_packed_linear")
+    @fake("weight_packed_linear")
     def _(mat1, mat2, bias):
         # mat2 is packed as [N / BLOCK_N, K, BLOCK_N] (convert_weight_packed).
         return mat1.new_empty(mat1.shape[0], mat2.shape[0] * mat2.shape[2])
 
-    @torch.library.register_fake(ops + "int8_scaled_mm_with_quant")
+    @fake("int8_scaled_mm_with_quant")
     def _(mat1, mat2, scales2, bias, out_dtype, is_vnni):
         return mat1.new_empty(mat1.shape[0], scales2.numel(), dtype=out_dtype)
 
-    @torch.library.register_fake(ops + "gguf_mul_mat")
-    @torch.library.register_fake(ops + "gguf_mul_mat_vec_a8")
+    @fake("gguf_mul_mat")
+    @fake("gguf_mul_mat_vec_a8")
     def _(x, qweight, weight_type, bias, use_avx2):
         return x.new_empty(x.shape[0], qweight.shape[0])
 
-    @torch.library.register_fake(ops + "fused_experts_cpu")
+    @fake("fused_experts_cpu")
     def _(hidden_states, w13, w2, topk_weights, topk_ids):
         return torch.empty_like(hidden_states)
 
-    @torch.library.register_fake(ops + "fused_experts_int8_cpu")
+    @fake("fused_experts_int8_cpu")
     def _(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids):
         return torch.empty_like(hidden_states)
 
-    @torch.library.register_fake(ops + "packed_weight_rows")
+    @fake("packed_weight_rows")
     def _(packed, ids):
         return packed.new_empty(ids.shape[0], packed.shape[1] * (2 if packed.dim() == 4 else 1))
 
-    @torch.library.register_fake(ops + "argmax_cpu")
+    @fake("argmax_cpu")
     def _(logits):
         return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
     _fake_ops_registered = True
+
+
+# How a C shim takes each kind of argument, as torch's generated shims do (c_shim_cpu.h); a
+# ScalarType reads as "int" in a schema.
+_C_SHIM_TYPES = {
+    "Tensor": "AtenTensorHandle",
+    "Optional[Tensor]": "AtenTensorHandle*",
+    "float": "double",
+    "int": "int64_t",
+    "bool": "int32_t",
+}
+
+
+def c_shim_declarations() -> dict:
+    """aot_inductor.custom_ops_to_c_shims: every op a compiled graph may call (those with a fake
+    above) -> the C declaration of its function in minisgl/kernels/cpu/aoti_shims.cpp, derived from
+    the op's schema. Inductor then calls the kernel directly instead of through the dispatcher."""
+    declarations = {}
+    for name in _FAKE_OPS:
+        op = getattr(torch.ops.minisgl_kernel, name).default
+        params = [f"{_C_SHIM_TYPES[str(a.type)]} {a.name}" for a in op._schema.arguments]
+        # Each result comes back through a pointer; an op with none still gets one, always nullptr.
+        params += [f"AtenTensorHandle* ret{i}" for i in range(max(1, len(op._schema.returns)))]
+        declarations[op] = [f"AOTITorchError aoti_torch_cpu_{name}({', '.join(params)})"]
+    return declarations
 
 
 def set_torch_compile_config(num_buckets: int, tp_size: int) -> None:
@@ -126,6 +157,14 @@ def set_torch_compile_config(num_buckets: int, tp_size: int) -> None:
     # ISA probes included) and replayed as fast (paired, 0.98x; at -O0 14 s but 1.08x). Inductor keeps
     # this off by default for graphs of many small generated kernels.
     torch._inductor.config.cpp_wrapper_build_separate = True
+    if torch._inductor.config.cpp_wrapper and kernels_available():
+        # Each call of one of minisgl's ops as a plain C call instead of the dispatcher's boxed one.
+        torch._inductor.config.aot_inductor.custom_ops_to_c_shims = c_shim_declarations()
+    # No size and stride check after each op, nor on the graph's inputs: each builds a
+    # std::stringstream whether or not it fails, ~580 of them a step, about 0.6 us each. The inputs
+    # cannot differ, since a replay passes the very tensors the graph was traced on, and that each
+    # kernel's outputs have its fake's shapes and strides is checked by tests/test_cpu_graph_runner.py.
+    torch._inductor.config.size_asserts = False
     # One graph per bucket: each needs its own cache entry.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, num_buckets)
 

@@ -40,6 +40,7 @@ as in ``benchmarks/profile_step.py --torch-native``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import logging
@@ -70,6 +71,7 @@ _SOURCES = [
     "gemm_gguf_vec.cpp",
     "gemm_gguf_vnni.cpp",
     "torch_extension_cpu.cpp",
+    "aoti_shims.cpp",
 ]
 _HEADERS = [
     "common.h",
@@ -183,6 +185,10 @@ def is_available() -> bool:
                 is_python_module=False,
                 verbose=False,
             )
+        # Loaded again, by the same path, into the global symbol scope (RTLD_NOLOAD: no second copy):
+        # a graph CPUGraphRunner compiled calls aoti_shims.cpp's functions by their C names, which
+        # the dynamic linker resolves there when it loads the graph's library.
+        ctypes.CDLL(str(build_dir / "minisgl_cpu_kernels.so"), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
     except Exception as e:  # no compiler, no ninja, a read-only cache: fall back, loudly
         logger.warning("minisgl CPU kernels unavailable (%s: %s); using the PyTorch paths", type(e).__name__, e)
         return False
