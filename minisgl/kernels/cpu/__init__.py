@@ -86,6 +86,7 @@ _HEADERS = [
     "gemm_int8_vnni.h",
     "moe.h",
     "gguf_blocks.h",
+    "ops.h",
 ]
 # The flags that make at::vec use the same vector width ATen's own kernels use on this CPU.
 _ISA_FLAGS = {

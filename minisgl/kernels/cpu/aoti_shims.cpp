@@ -11,46 +11,12 @@
 // bool an int32_t, and each returned tensor comes back through an AtenTensorHandle* at the end (an
 // op that returns nothing gets one such pointer too, always nullptr). The declarations inductor is
 // given come from the ops' schemas (cpu_graph_runner.py's c_shim_declarations); nothing checks them
-// against these definitions at build time, so tests/test_cpu_graph_runner.py runs every op through
-// a compiled graph against its eager call.
+// against these definitions at build time, so the slow tests of tests/test_cpu_graph_runner.py
+// compare compiled graphs of every kind of model, and so every shim, with eager.
 #include <ATen/record_function.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 
-#include "common.h"
-
-namespace minisgl {
-at::Tensor rmsnorm_cpu(const at::Tensor& input, const at::Tensor& weight, double eps);
-std::tuple<at::Tensor, at::Tensor> fused_add_rmsnorm_cpu(const at::Tensor& input, const at::Tensor& residual,
-                                                         const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul_cpu(const at::Tensor& input);
-std::tuple<at::Tensor, at::Tensor> rotary_embedding_cpu(const at::Tensor& positions, const at::Tensor& query,
-                                                        const at::Tensor& key, int64_t head_size,
-                                                        const at::Tensor& cos_sin_cache);
-void decode_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
-                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
-                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                          const at::Tensor& seq_lens, double scale);
-at::Tensor weight_packed_linear(const at::Tensor& mat1, const at::Tensor& mat2, const std::optional<at::Tensor>& bias);
-at::Tensor packed_weight_rows(const at::Tensor& packed, const at::Tensor& ids);
-void extend_attention_cpu(const at::Tensor& q, at::Tensor& o, at::Tensor& k_buffer, at::Tensor& v_buffer,
-                          const at::Tensor& key, const at::Tensor& value, const at::Tensor& loc,
-                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                          const at::Tensor& seq_lens, const at::Tensor& extend_seq_lens,
-                          const at::Tensor& extend_start_loc, double scale,
-                          const std::optional<at::Tensor>& custom_mask);
-at::Tensor argmax_cpu(const at::Tensor& logits);
-at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w2,
-                             const at::Tensor& topk_weights, const at::Tensor& topk_ids);
-at::Tensor fused_experts_int8_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w13_scale,
-                                  const at::Tensor& w2, const at::Tensor& w2_scale, const at::Tensor& topk_weights,
-                                  const at::Tensor& topk_ids);
-at::Tensor int8_scaled_mm_with_quant(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& scales2,
-                                     const std::optional<at::Tensor>& bias, at::ScalarType out_dtype, bool is_vnni);
-at::Tensor gguf_mul_mat(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
-                        const std::optional<at::Tensor>& bias, bool use_avx2);
-at::Tensor gguf_mul_mat_vec_a8(const at::Tensor& x, const at::Tensor& qweight, int64_t weight_type,
-                               const std::optional<at::Tensor>& bias, bool use_avx2);
-}  // namespace minisgl
+#include "ops.h"
 
 // A shim's body: exceptions become an error code, as in torch's own shims, and the profiler sees
 // the call under the op's name, as it does through the dispatcher.
