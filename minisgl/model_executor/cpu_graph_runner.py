@@ -126,11 +126,20 @@ _C_SHIM_TYPES = {
 }
 
 
+class _CShims(dict):
+    """custom_ops_to_c_shims as inductor reads it (op overload -> declarations) that pickles as
+    {op name: declarations}: inductor's on-disk cache pickles its config into each graph's key, and
+    an op overload does not pickle, which made every compile bypass the cache."""
+
+    def __reduce__(self):
+        return dict, ({str(op): declarations for op, declarations in self.items()},)
+
+
 def c_shim_declarations() -> dict:
     """aot_inductor.custom_ops_to_c_shims: every op a compiled graph may call (those with a fake
     above) -> the C declaration of its function in minisgl/kernels/cpu/aoti_shims.cpp, derived from
     the op's schema. Inductor then calls the kernel directly instead of through the dispatcher."""
-    declarations = {}
+    declarations = _CShims()
     for name in _FAKE_OPS:
         op = getattr(torch.ops.minisgl_kernel, name).default
         params = [f"{_C_SHIM_TYPES[str(a.type)]} {a.name}" for a in op._schema.arguments]
