@@ -477,3 +477,16 @@ def test_every_fake_op_returns_what_its_kernel_returns(tiny_llama):
             engine.generate(input_ids=[list(range(5, 14))] * 2, sampling_params={**GREEDY_12, "max_new_tokens": 3})
     assert check.mismatches == []
     assert check.seen == set(cpu_graph_runner._FAKE_OPS)
+
+
+@needs_kernels
+def test_the_c_shims_config_pickles_into_inductors_cache_key():
+    """Inductor pickles its config into each graph's cache key; an op overload does not pickle, and
+    a config holding them made every compile bypass the on-disk cache."""
+    import pickle
+
+    assert is_available()
+    cpu_graph_runner.register_fake_ops()
+    shims = cpu_graph_runner.c_shim_declarations()
+    assert len(shims) == len(cpu_graph_runner._FAKE_OPS)
+    assert pickle.loads(pickle.dumps(shims)) == {str(op): declarations for op, declarations in shims.items()}
