@@ -20,10 +20,10 @@
 
 // A shim's body: exceptions become an error code, as in torch's own shims, and the profiler sees
 // the call under the op's name, as it does through the dispatcher.
-#define MINISGL_SHIM(name, ...)                                         \
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({                          \
-    RECORD_FUNCTION("minisgl_kernel::" name, std::vector<c10::IValue>()); \
-    __VA_ARGS__                                                         \
+#define MINISGL_SHIM(name, ...)                                             \
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({                              \
+    RECORD_FUNCTION("minisgl_kernel::" name, std::vector<c10::IValue>());   \
+    __VA_ARGS__                                                             \
   })
 
 namespace {
@@ -88,8 +88,7 @@ AOTITorchError aoti_torch_cpu_weight_packed_linear(AtenTensorHandle mat1, AtenTe
 
 AOTITorchError aoti_torch_cpu_packed_weight_rows(AtenTensorHandle packed, AtenTensorHandle ids,
                                                  AtenTensorHandle* ret0) {
-  MINISGL_SHIM("packed_weight_rows", 
-      { *ret0 = new_tensor_handle(minisgl::packed_weight_rows(t(packed), t(ids))); });
+  MINISGL_SHIM("packed_weight_rows", { *ret0 = new_tensor_handle(minisgl::packed_weight_rows(t(packed), t(ids))); });
 }
 
 AOTITorchError aoti_torch_cpu_extend_attention_cpu(
