@@ -3,7 +3,10 @@ the CUDA runner: the bucket and padding logic (fast), and compiled decode agains
 inductor takes 20 s to minutes per bucket on a loaded machine, less once its on-disk cache is warm)."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -490,3 +493,30 @@ def test_the_c_shims_config_pickles_into_inductors_cache_key():
     shims = cpu_graph_runner.c_shim_declarations()
     assert len(shims) == len(cpu_graph_runner._FAKE_OPS)
     assert pickle.loads(pickle.dumps(shims)) == {str(op): declarations for op, declarations in shims.items()}
+
+
+_RESTART = """
+import sys
+from torch._dynamo.utils import counters
+from minisgl.entrypoints.engine import Engine
+engine = Engine(model_path=sys.argv[1], max_total_tokens=int(sys.argv[2]), enable_torch_compile=True,
+                torch_compile_max_bs=1)
+out = engine.generate(input_ids=[5, 6, 7], sampling_params={"temperature": 0, "max_new_tokens": 8})
+assert engine.scheduler.tp_worker.model_runner.graph_runner.compile_seconds  # the step ran compiled
+print(counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_bypass"], out["output_ids"])
+"""
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_a_restart_with_another_pool_size_finds_its_graphs_in_inductors_cache(tiny_llama, tmp_path):
+    """The pool's slot count enters a graph as a symbol (CPUGraphRunner.capture), so a second process
+    whose pool differs, as one sized from free memory does after a restart, reuses the first's graph."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}  # an empty cache, then the first's
+    runs = [
+        subprocess.run([sys.executable, "-c", _RESTART, tiny_llama, str(pool)], env=env, capture_output=True, text=True)
+        for pool in (1_000, 1_100)
+    ]
+    assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
+    (compiled_first, out_first), (compiled_second, out_second) = (run.stdout.split(" ", 1) for run in runs)
+    assert (compiled_first, compiled_second) == ("1", "0") and out_first == out_second

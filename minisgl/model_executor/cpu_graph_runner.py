@@ -233,6 +233,12 @@ class CPUGraphRunner(GraphRunner):
             # A verify's draft extend reads every row's hidden state too, a draft step its lanes' outputs.
             return out.next_token_logits, out.hidden_states
 
+        # The KV pool's slot count, sized from the memory free at start-up, enters each graph as a
+        # symbol, not a number: inductor's on-disk cache keys a graph by its inputs' shapes, and a
+        # restart, whose pool came out a little larger or smaller, would never find its graphs there.
+        for buffer in self._kv_buffers():
+            torch._dynamo.maybe_mark_dynamic(buffer, 0)
+
         # A code object of this runner's own: dynamo keeps compiled graphs, and counts recompiles
         # against cache_size_limit, per code object, so a second runner in the process (a test, a
         # notebook) would otherwise recompile on the first one's entry and exhaust its limit.
@@ -249,16 +255,27 @@ class CPUGraphRunner(GraphRunner):
         from torch._inductor.compile_fx import compile_fx  # inductor's import is heavy: only when compiling
 
         persistent = self._persistent_storages()
+        pool_sizes = {buffer.shape[0] for buffer in self._kv_buffers()}
+        # The pool's size as the graph's symbol takes it; its hint, since int() on a SymInt would guard
+        # on the value and bring the size back into the graph's key.
+        inputs = [x.node.hint if isinstance(x, torch.SymInt) else x for x in example_inputs]
         names = [node.name for node in gm.graph.find_nodes(op="placeholder")]
-        for name, x in zip(names, example_inputs):
+        for name, x in zip(names, inputs):
+            if isinstance(x, int) and x in pool_sizes:  # capture's symbol, fixed for the runner's life
+                continue
             if not isinstance(x, torch.Tensor) or _storage_key(x) not in persistent:
                 raise RuntimeError(
                     f"CPUGraphRunner: graph input {name} is not a tensor that outlives the step "
                     "(a parameter, a static buffer, a pool), so a replay could not pass it again"
                 )
         compiled = compile_fx(gm, example_inputs)
-        self.graphs[self._compiling_bs] = (compiled, list(example_inputs))
+        self.graphs[self._compiling_bs] = (compiled, inputs)
         return compiled
+
+    def _kv_buffers(self) -> list[torch.Tensor]:
+        """The KV pool's per-layer key and value buffers, [slots, heads, head_dim] each."""
+        pool = self.model_runner.token_to_kv_pool
+        return getattr(pool, "k_buffer", []) + getattr(pool, "v_buffer", [])
 
     def _persistent_storages(self) -> set[int]:
         """Storages that live as long as the runner: the model's tensors, the static buffers, the pools."""
