@@ -249,8 +249,9 @@ def main() -> None:
         bandwidth_before = read_bandwidth(1 << 30)
         contenders = {"minisgl": lambda: run_in_subprocess(own("minisgl", dtype))}  # run in rounds
         if args.kv_cache_dtype not in ("auto", dtype):
-            cmd = engine_cmd("minisgl", dtype, args, threads, args.kv_cache_dtype)
-            contenders[f"minisgl, KV {args.kv_cache_dtype}"] = lambda: run_in_subprocess(cmd)
+            # Its own name: `cmd` is rebound to vLLM's command below, and the lambda reads it when the rounds run.
+            kv_cmd = engine_cmd("minisgl", dtype, args, threads, args.kv_cache_dtype)
+            contenders[f"minisgl, KV {args.kv_cache_dtype}"] = lambda: run_in_subprocess(kv_cmd)
         if args.page_size != 1:
             paged = engine_cmd("minisgl", dtype, args, threads, page_size=args.page_size)
             contenders[f"minisgl, page {args.page_size}"] = lambda: run_in_subprocess(paged)

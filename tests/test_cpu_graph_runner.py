@@ -460,12 +460,18 @@ class _FakeCheck(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
+@pytest.fixture
+def faked_ops() -> list[str]:
+    """The ops a compiled graph may call, their fakes registered (the kernels loaded first)."""
+    assert is_available()
+    cpu_graph_runner.register_fake_ops()
+    return cpu_graph_runner._FAKE_OPS
+
+
 @needs_kernels
-def test_every_fake_op_returns_what_its_kernel_returns(tiny_llama):
+def test_every_fake_op_returns_what_its_kernel_returns(tiny_llama, faked_ops):
     """Eager prefills and decodes of the dense and MoE tiny models, in float and W8A8, and of the
     default model's Q4_1 blocks call every op a graph may call; each fake agrees with its kernel."""
-    assert is_available()  # the ops exist once the kernels are loaded
-    cpu_graph_runner.register_fake_ops()
     check = _FakeCheck()
     runs = [
         dict(model_path=tiny_llama),
@@ -479,19 +485,17 @@ def test_every_fake_op_returns_what_its_kernel_returns(tiny_llama):
             # 2 x 9 prompt tokens: a prefill of more than gguf's MMVQ_MAX_ROWS, decodes of fewer.
             engine.generate(input_ids=[list(range(5, 14))] * 2, sampling_params={**GREEDY_12, "max_new_tokens": 3})
     assert check.mismatches == []
-    assert check.seen == set(cpu_graph_runner._FAKE_OPS)
+    assert check.seen == set(faked_ops)
 
 
 @needs_kernels
-def test_the_c_shims_config_pickles_into_inductors_cache_key():
+def test_the_c_shims_config_pickles_into_inductors_cache_key(faked_ops):
     """Inductor pickles its config into each graph's cache key; an op overload does not pickle, and
     a config holding them made every compile bypass the on-disk cache."""
     import pickle
 
-    assert is_available()
-    cpu_graph_runner.register_fake_ops()
     shims = cpu_graph_runner.c_shim_declarations()
-    assert len(shims) == len(cpu_graph_runner._FAKE_OPS)
+    assert len(shims) == len(faked_ops)
     assert pickle.loads(pickle.dumps(shims)) == {str(op): declarations for op, declarations in shims.items()}
 
 
