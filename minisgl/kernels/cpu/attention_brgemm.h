@@ -112,7 +112,11 @@ inline void block_product(bool own, int64_t m, const at::BFloat16* A, int64_t ld
 // `row0` take one block per kBrgemmRows rows, and the scale as they are stored, in float32.
 inline void scores_on_tiles(const PagedAttentionArgs& a, Scratch& sc, const uint32_t* kw, int64_t row0,
                             int64_t r_first, int64_t rows_per_head, int64_t ld, int64_t t0, int64_t d, bool own) {
+  // Only an AVX-512 build reaches the tiles (every AMX CPU has AVX-512 and gets one); there a key
+  // block is 32 keys. An AVX2 build, whose blocks are 16, compiles this without ever calling it.
+#if defined(CPU_CAPABILITY_AVX512)
   static_assert(kKeyBlock == VNNI_BLOCK_N, "a key block is one panel of the tiles");
+#endif
   for (int64_t r = r_first; r < rows_per_head; r += kBrgemmRows) {
     const int64_t m = std::min(kBrgemmRows, rows_per_head - r), row = row0 + r;
     block_product(own, m, sc.q_bf16.data() + row * d, d, reinterpret_cast<const at::BFloat16*>(kw), kKeyBlock, d,
