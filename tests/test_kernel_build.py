@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,20 @@ def test_the_cache_key_covers_the_toolchain_the_build_file_records(tmp_path, mon
     with monkeypatch.context() as m:
         m.setenv("CXX", "clang++")
         assert cpu._build_dir(flags) != here
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", sorted(cpu._ISA_FLAGS))
+def test_every_source_compiles_with_each_isas_flags(isa):
+    """What each kind of machine builds, whatever this one is: every source with ATen's flags for
+    that vector width, as minisgl.kernels.cpu passes them (an AMX CPU builds the AVX512 set; its tile
+    code is compiled through target attributes). From 7 to 8 December 2026 an assertion that held
+    only at AVX-512 width left every AVX2 CPU without kernels, unseen by the AVX-512 machines the
+    suite ran on in between (the kernel tests skip themselves where the build fails; this one does not)."""
+    from torch.utils.cpp_extension import include_paths
+
+    includes = [*include_paths(), sysconfig.get_paths()["include"]]
+    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-fopenmp", *cpu._ISA_FLAGS[isa], *(f"-I{p}" for p in includes)]
+    for source in cpu._SOURCES:
+        result = subprocess.run([*cmd, str(Path(cpu.__file__).parent / source)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{source} ({isa}):\n" + result.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minisgl.kernels.cpu import _ISA_FLAGS, is_available
+from minisgl.kernels.cpu import is_available
 from minisgl.kernels.cpu.features import (
     _FEATURES,
     _proc_cpuinfo_flags,
@@ -346,16 +346,3 @@ except RuntimeError as error:
 def test_fp16_amx_brgemm_matches_float64(rows):
     needs("amx_fp16")
     check_vnni_gemm(torch.float16, rows, True)
-
-
-@pytest.mark.slow
-def test_matrix_engine_sources_compile_with_their_isa_flags():
-    """What an AVX-512/AMX machine builds: gemm_vnni.cpp, moe.cpp, gemm_int8_vnni.cpp, moe_int8.cpp
-    and extend.cpp with ATen's AVX512 flags and the AMX ones."""
-    from torch.utils.cpp_extension import include_paths
-
-    flags = [*_ISA_FLAGS["AVX512"], "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
-    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-fopenmp", *flags, *(f"-I{p}" for p in include_paths())]
-    for source in ("gemm_vnni.cpp", "moe.cpp", "gemm_int8_vnni.cpp", "moe_int8.cpp", "extend.cpp"):
-        result = subprocess.run([*cmd, str(SOURCES / source)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr[-3000:]
