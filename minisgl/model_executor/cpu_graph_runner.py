@@ -104,6 +104,13 @@ def register_fake_ops() -> None:
     def _(hidden_states, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids):
         return torch.empty_like(hidden_states)
 
+    @fake("topk_softmax_cpu")
+    def _(gating_output, topk, renormalize):
+        tokens = gating_output.shape[0]
+        return gating_output.new_empty(tokens, topk, dtype=torch.float32), gating_output.new_empty(
+            tokens, topk, dtype=torch.int64
+        )
+
     @fake("packed_weight_rows")
     def _(packed, ids):
         return packed.new_empty(ids.shape[0], packed.shape[1] * (2 if packed.dim() == 4 else 1))

@@ -3,7 +3,8 @@
 Mirrors the CPU half of sgl-kernel (sgl-kernel/csrc/cpu/): the same op names
 (``decode_attention_cpu``, ``extend_attention_cpu``, ``rmsnorm_cpu``, ``fused_add_rmsnorm_cpu``,
 ``silu_and_mul_cpu``, ``rotary_embedding_cpu``, ``convert_weight_packed``,
-``weight_packed_linear``, ``fused_experts_cpu`` for float experts, and for W8A8-int8 ``per_token_quant_int8``,
+``weight_packed_linear``, ``fused_experts_cpu`` for float experts, ``topk_softmax_cpu`` for their router,
+and for W8A8-int8 ``per_token_quant_int8``,
 ``int8_scaled_mm_with_quant`` and ``fused_experts_int8_cpu``)
 registered under ``torch.ops.minisgl_kernel``, plus ``gguf_mul_mat`` and ``gguf_mul_mat_vec_a8``
 for GGUF blocks kept quantized (sgl-kernel's GGUF GEMMs, ggml_mul_mat_a8 and ggml_mul_mat_vec_a8,
@@ -64,6 +65,7 @@ _SOURCES = [
     "gemm_vnni.cpp",
     "moe.cpp",
     "moe_int8.cpp",
+    "topk.cpp",
     "sampling.cpp",
     "gemm_int8.cpp",
     "gemm_int8_vnni.cpp",

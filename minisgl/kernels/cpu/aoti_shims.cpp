@@ -116,6 +116,15 @@ AOTITorchError aoti_torch_cpu_fused_experts_cpu(AtenTensorHandle hidden_states, 
   });
 }
 
+AOTITorchError aoti_torch_cpu_topk_softmax_cpu(AtenTensorHandle gating_output, int64_t topk, int32_t renormalize,
+                                               AtenTensorHandle* ret0, AtenTensorHandle* ret1) {
+  MINISGL_SHIM("topk_softmax_cpu", {
+    auto [weights, ids] = minisgl::topk_softmax_cpu(t(gating_output), topk, renormalize);
+    *ret0 = new_tensor_handle(std::move(weights));
+    *ret1 = new_tensor_handle(std::move(ids));
+  });
+}
+
 AOTITorchError aoti_torch_cpu_fused_experts_int8_cpu(AtenTensorHandle hidden_states, AtenTensorHandle w13,
                                                      AtenTensorHandle w13_scale, AtenTensorHandle w2,
                                                      AtenTensorHandle w2_scale, AtenTensorHandle topk_weights,

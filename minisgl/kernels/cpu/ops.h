@@ -35,6 +35,8 @@ at::Tensor fused_experts_cpu(const at::Tensor& hidden_states, const at::Tensor& 
 at::Tensor fused_experts_int8_cpu(const at::Tensor& hidden_states, const at::Tensor& w13, const at::Tensor& w13_scale,
                                   const at::Tensor& w2, const at::Tensor& w2_scale, const at::Tensor& topk_weights,
                                   const at::Tensor& topk_ids);  // moe_int8.cpp
+std::tuple<at::Tensor, at::Tensor> topk_softmax_cpu(const at::Tensor& gating_output, int64_t topk,
+                                                    bool renormalize);  // topk.cpp
 at::Tensor convert_weight_packed_int8(const at::Tensor& weight);
 at::Tensor convert_weight_packed_int8_vnni(const at::Tensor& weight);  // gemm_int8_vnni.cpp
 std::tuple<at::Tensor, at::Tensor> per_token_quant_int8(const at::Tensor& x);

@@ -30,6 +30,7 @@ TORCH_LIBRARY(minisgl_kernel, m) {
   m.def(
       "fused_experts_int8_cpu(Tensor hidden_states, Tensor w13, Tensor w13_scale, Tensor w2, Tensor w2_scale, "
       "Tensor topk_weights, Tensor topk_ids) -> Tensor");
+  m.def("topk_softmax_cpu(Tensor gating_output, int topk, bool renormalize) -> (Tensor, Tensor)");
   m.def("argmax_cpu(Tensor logits) -> Tensor");
   m.def("apply_token_bitmask_cpu(Tensor(a!) logits, Tensor bitmask) -> ()");
   m.def("weight_packed_block_n() -> int", &minisgl::weight_packed_block_n);  // no tensor: not dispatched
@@ -56,6 +57,7 @@ TORCH_LIBRARY_IMPL(minisgl_kernel, CPU, m) {
   m.impl("packed_weight_rows", &minisgl::packed_weight_rows);
   m.impl("fused_experts_cpu", &minisgl::fused_experts_cpu);
   m.impl("fused_experts_int8_cpu", &minisgl::fused_experts_int8_cpu);
+  m.impl("topk_softmax_cpu", &minisgl::topk_softmax_cpu);
   m.impl("argmax_cpu", &minisgl::argmax_cpu);
   m.impl("convert_weight_packed_int8", &minisgl::convert_weight_packed_int8);
   m.impl("convert_weight_packed_int8_vnni", &minisgl::convert_weight_packed_int8_vnni);

@@ -1,6 +1,6 @@
 """Router: pick each token's top-k experts, and tell the side-output hooks.
 
-Mirrors python/sglang/srt/layers/moe/topk.py (TopKConfig, select_experts,
+Mirrors python/sglang/srt/layers/moe/topk.py (TopKConfig, select_experts, fused_topk,
 fused_topk_native, grouped_topk, biased_grouped_topk). Three routers:
 
 - softmax top-k (Qwen3-MoE, Mixtral, DeepSeek-V2's "greedy");
@@ -13,7 +13,7 @@ fused_topk_native, grouped_topk, biased_grouped_topk). Three routers:
 After choosing, select_experts reports the choice to the expert distribution
 recorder and the routed-experts capturer, the two observers of MoE routing
 (claim C9). SGLang also fuses shared experts into the routed ones, masks padded
-tokens, remaps expert ids for EPLB and has fused kernels; omitted.
+tokens, remaps expert ids for EPLB and has fused kernels for the grouped routers; omitted.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from minisgl.eplb.expert_distribution import get_global_expert_distribution_recorder
+from minisgl.kernels.cpu import is_available as cpu_kernels_available
 from minisgl.layers.moe.routed_experts_capturer import get_global_experts_capturer
 
 
@@ -38,6 +39,8 @@ class TopKConfig:
 
 
 def fused_topk_native(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference the kernels are checked against, and the path of GPUs and of CPUs without the
+    kernels."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [num_tokens, num_experts]
     topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -87,10 +90,19 @@ def biased_grouped_topk(
     return topk_weights, topk_ids
 
 
+def fused_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k: on a CPU with minisgl's kernels, topk_softmax_cpu, as SGLang's fused_topk is
+    fused_topk_cpu there, so that eager and CPUGraphRunner's graphs compute the same bits (written in
+    torch ops, inductor compiles the softmax into a loop of its own that rounds differently)."""
+    if router_logits.is_cpu and cpu_kernels_available():
+        return torch.ops.minisgl_kernel.topk_softmax_cpu(router_logits, top_k, renormalize)
+    return fused_topk_native(router_logits, top_k, renormalize)
+
+
 def select_experts(router_logits: torch.Tensor, config: TopKConfig, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[num_tokens, num_experts] logits -> (float32 weights, ids), both [num_tokens, top_k]."""
     if not config.use_grouped_topk:
-        topk_weights, topk_ids = fused_topk_native(router_logits, config.top_k, config.renormalize)
+        topk_weights, topk_ids = fused_topk(router_logits, config.top_k, config.renormalize)
     elif config.correction_bias is None:
         topk_weights, topk_ids = grouped_topk(
             router_logits, config.top_k, config.renormalize, config.num_expert_group, config.topk_group
