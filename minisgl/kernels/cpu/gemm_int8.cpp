@@ -15,8 +15,10 @@
 // activations is broadcast one pair (one int32) at a time. The faster _mm256_maddubs_epi16
 // (u8 x s8 -> saturating int16 pairs) is what sgl-kernel uses with a +128 offset on the
 // activations, but 255 x 127 x 2 = 64,770 overflows int16; the instruction it stands in for, VNNI's
-// vpdpbusd, accumulates in int32 and does not saturate. (llama.cpp's AVX2 dot products stay exact
-// without the offset, multiplying |a| by w carrying a's sign, _mm256_sign_epi8; not tried here.)
+// vpdpbusd, accumulates in int32 and does not saturate. llama.cpp's AVX2 dot products stay exact
+// without the offset, multiplying |a| by w carrying a's sign (_mm256_sign_epi8), but each product
+// then needs a second multiply, by ones, to reach int32: on a Zen 3 core that sequence retires 1.29
+// times the multiply-adds of float32 FMAs, this one 1.50-1.54 (benchmarks/isa_peaks.py).
 // This is the path of CPUs without AVX512-VNNI; with it, gemm_int8_vnni.cpp multiplies a weight
 // packed in k-quads (the layout tells the two apart), and on AMX-int8 hands larger blocks to oneDNN.
 // The tile and the quantization sit in gemm_int8.h, which the fused MoE for W8A8 experts shares.
