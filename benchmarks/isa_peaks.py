@@ -28,6 +28,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from roofline import cpu_name
+
 from minisgl.kernels.cpu.features import cpu_features
 
 SOURCE = r"""
@@ -105,11 +107,10 @@ def main() -> None:
     features = cpu_features()
     if not {"avx2", "fma"} <= features:
         sys.exit(f"needs AVX2 and FMA; this CPU has {sorted(features)}")
-    from roofline import cpu_name
 
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
-        probe = 1_000_000  # about 10 ms of f32 FMAs; then a loop count for --seconds of them
+        probe = 1_000_000  # a few ms per sequence; then a loop count for --seconds of FMAs
         iters = max(probe, int(args.seconds * 1e9 * rates(exe, probe)["f32 fma"] / 64))
         best: dict[str, float] = {}
         for _ in range(args.rounds):
